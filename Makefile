@@ -1,0 +1,42 @@
+# Course kit entry points. Everything runs inside a local .venv.
+#
+# TORCH selects the torch requirement installed before the package itself.
+# The default pins the CPU wheel; override on a GPU machine with
+# `make TORCH=torch`, or keep an already-installed torch with `make TORCH=`.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+PYTEST_ARGS ?=
+VENV := .venv
+VPY := $(VENV)/bin/python
+VPIP := $(VENV)/bin/pip
+INSTALLED := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+$(VENV):
+	$(PYTHON) -m venv $(VENV)
+
+# Order-only on $(VENV): the directory's mtime changes on every install.
+$(INSTALLED): pyproject.toml | $(VENV)
+ifneq ($(strip $(TORCH)),)
+	$(VPIP) install -q "$(TORCH)"
+endif
+	$(VPIP) install -q -e ".[dev]"
+	touch $@
+
+install: $(INSTALLED)
+
+demo: $(INSTALLED)
+	$(VPY) -m lib_dist.demo
+
+test: $(INSTALLED)
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+bench: $(INSTALLED)
+	@set -e; for f in $(wildcard benchmarks/*.py); do \
+		echo "== $$f"; $(VPY) $$f; \
+	done
+
+clean:
+	rm -rf $(VENV) .pytest_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

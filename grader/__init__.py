@@ -1,0 +1,1 @@
+"""Instructor tooling: nbgrader configuration and the grading CLI (to come)."""

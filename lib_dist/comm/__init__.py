@@ -1,0 +1,20 @@
+"""Point-to-point communication between ranks, the same on threads and on real processes.
+
+- `Communicator`: the interface students program against (documented in `base`).
+- `SimulatedWorld`: N ranks as threads in one process, for fast tests; never hangs.
+- `TorchCommunicator` / `join_group`: a rank of a real torch.distributed group.
+- `Trace`, `AlphaBeta`: what was sent, and what it would cost on a given network.
+"""
+
+from .base import Communicator, Handle, ReduceOp, chunk_bounds, wait_all
+from .errors import CommError, CommTimeout, DeadlockError, MismatchError, PeerFailed
+from .simulated import SimulatedCommunicator, SimulatedWorld
+from .torch_backend import TorchCommunicator, join_group, pick_backend
+from .trace import AlphaBeta, Event, Message, RankTraffic, Trace
+
+__all__ = [
+    "AlphaBeta", "CommError", "CommTimeout", "Communicator", "DeadlockError", "Event", "Handle",
+    "Message", "MismatchError", "PeerFailed", "RankTraffic", "ReduceOp", "SimulatedCommunicator",
+    "SimulatedWorld", "TorchCommunicator", "Trace", "chunk_bounds", "join_group", "pick_backend",
+    "wait_all",
+]

@@ -1,0 +1,231 @@
+"""A world of N ranks as threads in one process: fast, deterministic tests of any algorithm.
+
+Messages are matched exactly as on a real group: per (src, dst) channel, in order of posting.
+A blocking send completes only once the receiver has taken the message, as with gloo. Because
+the world sees every rank at once, it tells a bug from slowness:
+
+- when every live rank is waiting on something that can no longer happen (all ranks send
+  first; a rank waits on a peer that returned or raised), every waiting rank raises at once,
+  naming itself, its operation and its peer;
+- a send and receive that disagree on shape or dtype raise `MismatchError` on both ranks;
+- anything still waiting after `timeout` seconds raises `CommTimeout`.
+
+    world = SimulatedWorld(4)
+    results = world.run(my_algorithm, tensor_size)   # my_algorithm(comm, tensor_size)
+    world.trace.summary()
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..errors import RankFailure, RankTimeout
+from .base import Communicator, Handle
+from .errors import CommError, CommTimeout, DeadlockError, MismatchError, PeerFailed
+from .trace import Trace
+
+
+@dataclass(eq=False)
+class _Op:
+    kind: str  # "send", "recv" or "barrier"
+    rank: int
+    peer: int
+    tensor: torch.Tensor | None = None
+    done: bool = False
+    error: CommError | None = None
+    generation: int = 0  # barriers only
+
+    def describe(self) -> str:
+        if self.kind == "barrier":
+            return "barrier"
+        return f"{self.kind} {'to' if self.kind == 'send' else 'from'} rank {self.peer}"
+
+
+@dataclass
+class _State:
+    sends: dict[tuple[int, int], deque[_Op]] = field(default_factory=lambda: defaultdict(deque))
+    recvs: dict[tuple[int, int], deque[_Op]] = field(default_factory=lambda: defaultdict(deque))
+    waiting: dict[int, _Op] = field(default_factory=dict)
+    ended: dict[int, str] = field(default_factory=dict)  # rank -> "returned" / "failed (...)"
+    barrier: list[_Op] = field(default_factory=list)
+    generation: int = 0
+
+
+class SimulatedWorld:
+    """N ranks as threads. `run(fn, *args)` calls `fn(comm, *args)` on every rank."""
+
+    def __init__(self, world_size: int, timeout: float = 10.0):
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+        self.world_size = world_size
+        self.timeout = timeout
+        self.trace = Trace()
+        self._cond = threading.Condition()
+        self._state = _State()
+
+    def communicators(self) -> list[SimulatedCommunicator]:
+        return [SimulatedCommunicator(self, r) for r in range(self.world_size)]
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Run `fn(comm, *args, **kwargs)` on every rank; return the results by rank.
+
+        Raises `RankFailure` naming every rank that raised. Once a rank has failed, the
+        others get `timeout` seconds to finish before `RankTimeout` names the ones still busy.
+        """
+        self.trace = Trace()
+        self._state = _State()
+        results: list[Any] = [None] * self.world_size
+        failures: dict[int, str] = {}
+        exceptions: dict[int, BaseException] = {}
+
+        def body(comm: SimulatedCommunicator) -> None:
+            try:
+                results[comm.rank] = fn(comm, *args, **kwargs)
+                self._end(comm.rank, "returned")
+            except BaseException as e:  # noqa: BLE001 - reported to the caller by rank
+                failures[comm.rank] = traceback.format_exc()
+                exceptions[comm.rank] = e
+                self._end(comm.rank, f"failed ({type(e).__name__}: {e})".split("\n")[0])
+
+        threads = [threading.Thread(target=body, args=(c,), daemon=True,
+                                    name=f"rank-{c.rank}") for c in self.communicators()]
+        for t in threads:
+            t.start()
+        self._join(threads, failures)
+        hung = [r for r, t in enumerate(threads) if t.is_alive()]
+        if hung:
+            raise RankTimeout(hung, self.timeout, failures, exceptions)
+        if failures:
+            raise RankFailure(failures, exceptions)
+        return results
+
+    def _join(self, threads: list[threading.Thread], failures: dict[int, str]) -> None:
+        deadline = None
+        while any(t.is_alive() for t in threads):
+            if failures and deadline is None:
+                deadline = time.monotonic() + self.timeout
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            for t in threads:
+                t.join(0.05)
+
+    # -- matching, under the world's lock --------------------------------------------------
+
+    def post(self, op: _Op) -> _Op:
+        with self._cond:
+            s = self._state
+            if op.kind == "barrier":
+                op.generation = s.generation
+                s.barrier.append(op)
+                if len(s.barrier) == self.world_size:
+                    for b in s.barrier:
+                        b.done = True
+                    s.barrier, s.generation = [], s.generation + 1
+            else:
+                channel = (op.rank, op.peer) if op.kind == "send" else (op.peer, op.rank)
+                mine, theirs = ((s.sends, s.recvs) if op.kind == "send" else (s.recvs, s.sends))
+                if theirs[channel]:
+                    other = theirs[channel].popleft()
+                    self._match(*((op, other) if op.kind == "send" else (other, op)))
+                else:
+                    mine[channel].append(op)
+            self._cond.notify_all()
+        return op
+
+    def _match(self, send: _Op, recv: _Op) -> None:
+        a, b = send.tensor, recv.tensor
+        if a.shape != b.shape or a.dtype != b.dtype:
+            detail = (f"rank {send.rank} sent {_describe(a)} to rank {recv.rank}, but rank "
+                      f"{recv.rank} posted a receive buffer of {_describe(b)}")
+            send.error = MismatchError(f"rank {send.rank}: send to rank {recv.rank}: {detail}")
+            recv.error = MismatchError(f"rank {recv.rank}: recv from rank {send.rank}: {detail}")
+        else:
+            b.copy_(a)
+            send.done = recv.done = True
+
+    def wait(self, op: _Op) -> None:
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            self._state.waiting[op.rank] = op
+            try:
+                while not op.done and op.error is None:
+                    self._find_deadlock()
+                    if op.done or op.error is not None:
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise CommTimeout(
+                            f"rank {op.rank}: {op.describe()} did not complete within "
+                            f"{self.timeout:g} s")
+                    self._cond.wait(remaining)
+            finally:
+                del self._state.waiting[op.rank]
+        if op.error is not None:
+            raise op.error
+
+    def _end(self, rank: int, how: str) -> None:
+        with self._cond:
+            self._state.ended[rank] = how
+            self._cond.notify_all()
+
+    def _find_deadlock(self) -> None:
+        """Fail every wait that can no longer complete."""
+        s = self._state
+        stuck = {r: op for r, op in s.waiting.items() if not op.done and op.error is None}
+        for r, op in stuck.items():
+            peers = range(self.world_size) if op.kind == "barrier" else [op.peer]
+            gone = [p for p in peers if p in s.ended]
+            if gone:
+                p = gone[0]
+                op.error = PeerFailed(f"rank {r}: {op.describe()} can never complete: rank {p} "
+                                      f"{s.ended[p]} without taking part")
+        live = [r for r in range(self.world_size) if r not in s.ended]
+        if live and all(r in stuck and stuck[r].error is None for r in live):
+            table = "\n".join(f"  rank {r}: waiting in {stuck[r].describe()}" for r in live)
+            hint = ("a blocking send completes only when its receiver takes the message; "
+                    "pair sends with receives, or use isend/irecv")
+            for r in live:
+                stuck[r].error = DeadlockError(
+                    f"rank {r}: {stuck[r].describe()} can never complete: deadlock, every rank "
+                    f"is waiting:\n{table}\n({hint})")
+        if stuck:
+            self._cond.notify_all()
+
+
+class _SimHandle(Handle):
+    def __init__(self, world: SimulatedWorld, op: _Op):
+        self._world, self._op = world, op
+
+    def wait(self) -> None:
+        self._world.wait(self._op)
+
+    def is_completed(self) -> bool:
+        return self._op.done
+
+
+class SimulatedCommunicator(Communicator):
+    """One rank of a `SimulatedWorld`; its trace is the world's."""
+
+    def __init__(self, world: SimulatedWorld, rank: int):
+        super().__init__(rank, world.world_size, "cpu", trace=world.trace)
+        self.world = world
+
+    def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
+        return _SimHandle(self.world, self.world.post(_Op("send", self.rank, dst, tensor)))
+
+    def _post_recv(self, buffer: torch.Tensor, src: int) -> Handle:
+        return _SimHandle(self.world, self.world.post(_Op("recv", self.rank, src, buffer)))
+
+    def world_barrier(self) -> None:
+        self.world.wait(self.world.post(_Op("barrier", self.rank, -1)))
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)} dtype {str(t.dtype).removeprefix('torch.')}"

@@ -1,0 +1,208 @@
+"""Message traces: what each rank sent and received, when, and what it would cost.
+
+Every communicator records one `Event` per completed operation on its rank. Pairing the
+k-th send from `src` to `dst` with the k-th receive at `dst` from `src` (channels are FIFO,
+as in MPI and torch.distributed) turns events into `Message`s. Labs grade the pattern:
+how many messages each rank sent and how many bytes, not only the final tensor.
+
+The alpha-beta model prices a message of b bytes at `alpha + b / beta`. `modeled_time`
+replays a trace under that model: a message starts once its sender's outbound link and its
+receiver's inbound link are free (links are full duplex) and once every operation its rank
+had completed before posting it has finished in the model, so program order is respected.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict, deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+P2P_KINDS = ("send", "recv")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One completed operation on one rank.
+
+    `after` counts the operations this rank had completed before posting this one: the
+    operation depends on those, and on nothing it posted later. `seq` orders completions.
+    Times are `time.monotonic()` seconds, comparable between processes on one machine.
+    """
+
+    rank: int
+    kind: str  # "send", "recv", or a collective's name such as "all_reduce"
+    peer: int  # -1 for collectives
+    nbytes: int
+    start: float
+    end: float
+    seq: int
+    after: int
+
+
+@dataclass(frozen=True)
+class Message:
+    src: int
+    dst: int
+    nbytes: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class RankTraffic:
+    sent_messages: int = 0
+    sent_bytes: int = 0
+    recv_messages: int = 0
+    recv_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """Latency `alpha` in seconds per message, bandwidth `beta` in bytes per second."""
+
+    alpha: float = 5e-6
+    beta: float = 12.5e9  # 100 Gbit/s
+
+    def cost(self, nbytes: int) -> float:
+        return self.alpha + nbytes / self.beta
+
+
+@dataclass
+class Trace:
+    """The events of one or more ranks. Thread-safe to record into."""
+
+    events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def record(self, event: Event) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.events.clear()
+
+    @classmethod
+    def merge(cls, traces: list[Trace]) -> Trace:
+        """One trace from the per-rank traces of a multi-process run."""
+        return cls([e for t in traces for e in t.events])
+
+    def of_rank(self, rank: int) -> list[Event]:
+        return sorted((e for e in self.events if e.rank == rank), key=lambda e: e.seq)
+
+    def messages(self) -> list[Message]:
+        """Sends paired with their receives, in order of sending."""
+        recvs: dict[tuple[int, int], deque[Event]] = defaultdict(deque)
+        for e in sorted(self.events, key=lambda e: (e.rank, e.seq)):
+            if e.kind == "recv":
+                recvs[(e.peer, e.rank)].append(e)
+        out = []
+        for s in sorted(self.events, key=lambda e: (e.start, e.rank, e.seq)):
+            if s.kind != "send":
+                continue
+            queue = recvs[(s.rank, s.peer)]
+            end = max(s.end, queue.popleft().end) if queue else s.end
+            out.append(Message(s.rank, s.peer, s.nbytes, s.start, end))
+        return out
+
+    def summary(self) -> dict[int, RankTraffic]:
+        """Messages and bytes sent and received by each rank that appears in the trace."""
+        counts: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        for e in self.events:
+            c = counts[e.rank]
+            if e.kind == "send":
+                c[0] += 1
+                c[1] += e.nbytes
+            elif e.kind == "recv":
+                c[2] += 1
+                c[3] += e.nbytes
+        return {rank: RankTraffic(*counts[rank]) for rank in sorted(counts)}
+
+    def format_summary(self) -> str:
+        lines = ["rank  sent msgs  sent bytes  recv msgs  recv bytes"]
+        for rank, t in self.summary().items():
+            lines.append(
+                f"{rank:>4}  {t.sent_messages:>9}  {t.sent_bytes:>10}"
+                f"  {t.recv_messages:>9}  {t.recv_bytes:>10}"
+            )
+        return "\n".join(lines)
+
+    def modeled_time(self, model: AlphaBeta = AlphaBeta()) -> float:
+        """Seconds the traced point-to-point pattern takes under the alpha-beta model."""
+        by_rank: dict[int, list[Event]] = defaultdict(list)
+        for e in self.events:
+            by_rank[e.rank].append(e)
+        for events in by_rank.values():
+            events.sort(key=lambda e: e.seq)
+        end: dict[tuple[int, int], float] = {}  # (rank, seq) -> modeled completion
+
+        def ready(e: Event) -> float | None:
+            """When e may start in the model, or None while one of its dependencies is unpriced."""
+            deps = [end.get((e.rank, d.seq)) for d in by_rank[e.rank] if d.seq < e.after]
+            return None if None in deps else max(deps, default=0.0)
+
+        recvs: dict[tuple[int, int], deque[Event]] = defaultdict(deque)
+        for e in sorted(self.events, key=lambda e: (e.rank, e.seq)):
+            if e.kind == "recv":
+                recvs[(e.peer, e.rank)].append(e)
+        todo: list[tuple[Event, Event | None]] = []
+        for e in sorted(self.events, key=lambda e: (e.start, e.rank, e.seq)):
+            if e.kind == "send":
+                queue = recvs[(e.rank, e.peer)]
+                todo.append((e, queue.popleft() if queue else None))
+            elif e.kind not in P2P_KINDS:
+                todo.append((e, None))
+        todo += [(r, None) for q in recvs.values() for r in q]  # receives nobody sent
+
+        out_free: dict[int, float] = defaultdict(float)
+        in_free: dict[int, float] = defaultdict(float)
+        while todo:
+            for i, (e, partner) in enumerate(todo):
+                starts = [ready(e)] + ([ready(partner)] if partner else [])
+                if None not in starts:
+                    break
+            else:  # a cycle can only come from a malformed trace
+                raise ValueError("trace has circular dependencies; was it merged twice?")
+            del todo[i]
+            t = max(starts)
+            if e.kind == "send":
+                t = max(t, out_free[e.rank], in_free[e.peer]) + model.cost(e.nbytes)
+                out_free[e.rank] = in_free[e.peer] = t
+            end[(e.rank, e.seq)] = t
+            if partner:
+                end[(partner.rank, partner.seq)] = t
+        return max(end.values(), default=0.0)
+
+    def to_chrome_trace(self, path: str | Path | None = None) -> dict:
+        """Chrome-trace JSON (open in Perfetto or chrome://tracing): one row per rank."""
+        t0 = min((e.start for e in self.events), default=0.0)
+        rows = [
+            {
+                "name": f"{e.kind} {'to' if e.kind == 'send' else 'from'} {e.peer}"
+                if e.kind in P2P_KINDS
+                else e.kind,
+                "cat": "p2p" if e.kind in P2P_KINDS else "collective",
+                "ph": "X",
+                "pid": 0,
+                "tid": e.rank,
+                "ts": (e.start - t0) * 1e6,
+                "dur": max((e.end - e.start) * 1e6, 0.001),
+                "args": {"bytes": e.nbytes, "peer": e.peer},
+            }
+            for e in self.events
+        ]
+        rows += [
+            {"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
+            for r in sorted({e.rank for e in self.events})
+        ]
+        doc = {"traceEvents": rows, "displayTimeUnit": "ms"}
+        if path is not None:
+            Path(path).write_text(json.dumps(doc))
+        return doc
+
+    def to_dicts(self) -> list[dict]:
+        return [asdict(e) for e in self.events]
