@@ -3,32 +3,39 @@
 from __future__ import annotations
 
 
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)}"
+
+
 class RankFailure(RuntimeError):
-    """One or more ranks raised. `failures` maps each failed rank to its traceback text;
-    `exceptions` to the exception object where it could be brought back."""
+    """One or more ranks raised.
+
+    `ranks`: the ranks that raised; `failures`: their traceback text by rank; `exceptions`:
+    the exception objects; `still_running`: ranks that had not finished a while after the
+    failure, usually because they were waiting on a message from a failed rank.
+    """
 
     def __init__(self, failures: dict[int, str], exceptions: dict[int, BaseException] | None = None,
-                 headline: str | None = None):
+                 still_running: list[int] | None = None):
         self.failures = dict(sorted(failures.items()))
         self.exceptions = exceptions or {}
         self.ranks = list(self.failures)
-        ranks = ", ".join(str(r) for r in self.ranks)
-        head = headline or f"rank{'s' if len(self.ranks) > 1 else ''} {ranks} failed"
-        body = "\n".join(f"--- rank {r} ---\n{tb.rstrip()}" for r, tb in self.failures.items())
-        super().__init__(f"{head}\n{body}")
+        self.still_running = sorted(still_running or [])
+        lines = [f"{_ranks(self.ranks)} failed"]
+        if self.still_running:
+            lines.append(f"{_ranks(self.still_running)} had not finished (waiting on a failed "
+                         f"rank?) and were stopped")
+        lines += [f"--- rank {r} ---\n{tb.rstrip()}" for r, tb in self.failures.items()]
+        super().__init__("\n".join(lines))
 
 
-class RankTimeout(RankFailure):
-    """Some ranks did not finish within the call's timeout. `ranks` are the ones that hung;
-    `failures` also holds what the finished ranks raised, if anything."""
+class RankTimeout(RuntimeError):
+    """No rank failed, but `ranks` did not finish within `timeout` seconds."""
 
-    def __init__(self, hung: list[int], timeout: float, failures: dict[int, str] | None = None,
-                 exceptions: dict[int, BaseException] | None = None):
-        self.hung = sorted(hung)
-        names = ", ".join(str(r) for r in self.hung)
-        msgs = {r: f"did not finish within {timeout:g} s" for r in self.hung}
-        msgs.update(failures or {})
-        super().__init__(msgs, exceptions, headline=(
-            f"rank{'s' if len(self.hung) > 1 else ''} {names} did not finish within {timeout:g} s "
-            f"(a deadlock, a collective not called by every rank, or an endless loop)"))
-        self.ranks = self.hung
+    def __init__(self, ranks: list[int], timeout: float, detail: dict[int, str] | None = None):
+        self.ranks = sorted(ranks)
+        self.timeout = timeout
+        lines = [f"{_ranks(self.ranks)} did not finish within {timeout:g} s (a deadlock, a "
+                 f"collective that not every rank called, or an endless loop)"]
+        lines += [f"  rank {r}: {what}" for r, what in sorted((detail or {}).items())]
+        super().__init__("\n".join(lines))

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import RankFailure, RankTimeout
+from ..errors import RankFailure
 from .base import Communicator, Handle
 from .errors import CommError, CommTimeout, DeadlockError, MismatchError, PeerFailed
 from .trace import Trace
@@ -100,10 +100,8 @@ class SimulatedWorld:
             t.start()
         self._join(threads, failures)
         hung = [r for r, t in enumerate(threads) if t.is_alive()]
-        if hung:
-            raise RankTimeout(hung, self.timeout, failures, exceptions)
-        if failures:
-            raise RankFailure(failures, exceptions)
+        if failures:  # a rank still running here outlived a failure by `timeout` seconds
+            raise RankFailure(failures, exceptions, still_running=hung)
         return results
 
     def _join(self, threads: list[threading.Thread], failures: dict[int, str]) -> None:

@@ -78,6 +78,15 @@ class Trace:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        """Pickle the events only, so traces can travel back from other processes."""
+        with self._lock:
+            return {"events": list(self.events)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.events = state["events"]
+        self._lock = threading.Lock()
+
     def record(self, event: Event) -> None:
         with self._lock:
             self.events.append(event)

@@ -1,0 +1,72 @@
+"""What runs inside each ipyparallel engine: joining the group and calling user functions.
+
+The client (`lib_dist.cluster.Cluster`) applies these functions on the engines; they live in
+an importable module so that engines hold one copy of the rank's state, in `_rank`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from lib_dist.comm import TorchCommunicator, Trace, join_group
+
+_rank: dict[str, Any] = {}
+
+
+def describe() -> dict[str, Any]:
+    """Where this engine runs: host, pid, and how many GPUs it sees."""
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+
+
+def open_store(world_size: int, timeout: float) -> int:
+    """On rank 0: host the rendezvous store on a free port chosen by the OS; return the port."""
+    import datetime
+
+    leave_group()
+    store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    _rank["store"] = store
+    return store.port
+
+
+def join(rank: int, world_size: int, host: str, port: int, device: str, timeout: float) -> str:
+    """Join the group as `rank` and publish `comm`, `rank`, `world_size`, `device` to %%px."""
+    import datetime
+
+    store = _rank.get("store") if rank == 0 else None
+    if store is None:
+        leave_group()
+        store = dist.TCPStore(host, port, world_size, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout))
+    comm = join_group(rank, world_size, store, device, timeout)
+    _rank.update(store=store, comm=comm)
+    _publish(comm=comm, rank=rank, world_size=world_size, device=comm.device)
+    return comm.backend
+
+
+def call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, list]:
+    """Run `fn(comm, *args, **kwargs)` on this rank; return its result and trace events."""
+    comm: TorchCommunicator = _rank["comm"]
+    comm.trace = Trace()
+    result = fn(comm, *args, **kwargs)
+    return result, comm.trace.events
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _rank.clear()
+
+
+def _publish(**names: Any) -> None:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns.update(names)

@@ -1,0 +1,198 @@
+"""Algorithms the comm tests run on every backend: the same function on the simulated world
+(threads) and on real gloo processes, so their results and traces can be compared.
+
+A plain module (no pytest import), importable from spawned children: every function takes a
+`Communicator` first and uses only its public interface.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lib_dist.comm import Communicator, chunk_bounds, wait_all
+
+
+def data(rank: int, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rank-specific, integer-valued data: exact under float sums, so backends agree bitwise."""
+    return (torch.arange(n) % 7 + 10 * rank + 1).to(dtype)
+
+
+# -- point to point -----------------------------------------------------------------------
+
+
+def send_recv_pairs(comm: Communicator, n: int) -> torch.Tensor | None:
+    """Even ranks send to the next rank with blocking send/recv; odd ranks return what they
+    got. A last even rank without partner (odd world size) sits out and returns None."""
+    r = comm.rank
+    if r % 2 == 0:
+        if r + 1 < comm.world_size:
+            comm.send(data(r, n), r + 1)
+            return data(r, n)
+        return None
+    buf = torch.empty(n)
+    comm.recv(buf, r - 1)
+    return buf
+
+
+def ring_pass(comm: Communicator, n: int) -> list[torch.Tensor]:
+    """N-1 steps round the ring with isend/irecv: each step passes on what arrived last.
+    Every rank ends with every rank's data (indexed by rank) after sending N-1 messages of
+    n float32 each."""
+    r, N = comm.rank, comm.world_size
+    right, left = (r + 1) % N, (r - 1) % N
+    got: list[torch.Tensor | None] = [None] * N
+    got[r] = data(r, n)
+    current = got[r]
+    for step in range(N - 1):
+        incoming = torch.empty(n)
+        wait_all([comm.isend(current, right), comm.irecv(incoming, left)])
+        got[(r - step - 1) % N] = incoming
+        current = incoming
+    return got  # type: ignore[return-value]
+
+
+def ring_all_reduce(comm: Communicator, n: int) -> torch.Tensor:
+    """Ring all-reduce (sum) of `data(rank, n)`: reduce-scatter then all-gather, 2(N-1)
+    steps, each rank sending one chunk of `chunk_bounds(n, N)` to its right per step."""
+    r, N = comm.rank, comm.world_size
+    right, left = (r + 1) % N, (r - 1) % N
+    x = data(r, n)
+    bounds = chunk_bounds(n, N)
+
+    def chunk(i: int) -> torch.Tensor:
+        lo, hi = bounds[i % N]
+        return x[lo:hi]
+
+    for step in range(N - 1):  # reduce-scatter: after it, rank r owns chunk (r + 1) % N
+        send, recv = chunk(r - step), chunk(r - step - 1)
+        buf = torch.empty_like(recv)
+        wait_all([comm.isend(send.clone(), right), comm.irecv(buf, left)])
+        recv += buf
+    for step in range(N - 1):  # all-gather: pass the finished chunks round
+        send, recv = chunk(r + 1 - step), chunk(r - step)
+        buf = torch.empty_like(recv)
+        wait_all([comm.isend(send.clone(), right), comm.irecv(buf, left)])
+        recv.copy_(buf)
+    return x
+
+
+def gather_then_broadcast(comm: Communicator, n: int) -> torch.Tensor:
+    """All-reduce (sum) through rank 0: every rank sends its n float32 to rank 0, which adds
+    them up and sends the total back to each."""
+    x = data(comm.rank, n)
+    others = range(1, comm.world_size)
+    if comm.rank == 0:
+        bufs = [torch.empty(n) for _ in others]
+        wait_all([comm.irecv(b, src) for b, src in zip(bufs, others)])
+        for b in bufs:
+            x += b
+        wait_all([comm.isend(x, dst) for dst in others])
+    else:
+        comm.send(x, 0)
+        comm.recv(x, 0)
+    return x
+
+
+def barrier_twice(comm: Communicator) -> int:
+    comm.barrier()
+    comm.barrier()
+    return comm.rank
+
+
+# -- collectives ----------------------------------------------------------------------------
+
+
+def collectives(comm: Communicator, n: int, scatter_lengths: list[int]) -> dict[str, object]:
+    """Every collective of the interface on rank-specific data; results keyed by name."""
+    r = comm.rank
+    out: dict[str, object] = {}
+    for root in range(comm.world_size):
+        out[f"broadcast_from_{root}"] = comm.broadcast(data(r, n), src=root)
+    out["all_reduce_sum"] = comm.all_reduce(data(r, n), "sum")
+    out["all_reduce_avg"] = comm.all_reduce(data(r, n), "avg")
+    out["all_reduce_int"] = comm.all_reduce(data(r, n, torch.int64))
+    out["all_gather"] = comm.all_gather(data(r, n))
+    for m in scatter_lengths:
+        out[f"reduce_scatter_sum_{m}"] = comm.reduce_scatter(data(r, m), "sum")
+        out[f"reduce_scatter_avg_{m}"] = comm.reduce_scatter(data(r, m), "avg")
+    out["reduce_scatter_2d"] = comm.reduce_scatter(data(r, 12).reshape(3, 4))
+    return out
+
+
+def expected_collectives(world_size: int, rank: int, n: int,
+                         scatter_lengths: list[int]) -> dict[str, object]:
+    """What `collectives` must return on `rank`, computed locally without communication."""
+    every = [data(q, n) for q in range(world_size)]
+    total = torch.stack(every).sum(0)
+
+    def reduced_chunk(m: int) -> torch.Tensor:
+        full = torch.stack([data(q, m) for q in range(world_size)]).sum(0)
+        lo, hi = chunk_bounds(m, world_size)[rank]
+        return full[lo:hi]
+
+    out: dict[str, object] = {f"broadcast_from_{root}": data(root, n)
+                              for root in range(world_size)}
+    out["all_reduce_sum"] = total
+    out["all_reduce_avg"] = total / world_size
+    out["all_reduce_int"] = total.to(torch.int64)
+    out["all_gather"] = every
+    for m in scatter_lengths:
+        out[f"reduce_scatter_sum_{m}"] = reduced_chunk(m)
+        out[f"reduce_scatter_avg_{m}"] = reduced_chunk(m) / world_size
+    out["reduce_scatter_2d"] = reduced_chunk(12)
+    return out
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+def both_send_first(comm: Communicator, n: int) -> None:
+    """Ranks 0 and 1 each send to the other before receiving: with rendezvous sends, a
+    deadlock. Other ranks do nothing."""
+    if comm.rank > 1:
+        return
+    peer = 1 - comm.rank
+    buf = torch.empty(n)
+    comm.send(data(comm.rank, n), peer)
+    comm.recv(buf, peer)
+
+
+# -- entry point of a spawned rank (tests/test_torch_backend.py) ---------------------------
+
+
+def torch_rank_main(rank: int, world_size: int, port: int, timeout: float,
+                    checks: list[tuple[str, str, tuple]], queue) -> None:
+    """One real rank: join the gloo group through the parent's TCPStore, run each check
+    `(name, function name in this module, args)` with a fresh trace, and put
+    `(rank, name, status, pickled payload, trace events as dicts)` on `queue`, status "ok"
+    (payload: the result) or "error" (payload: (exception type name, message)). Stops at the
+    first error, since a failed gloo group is unusable. Ends with a "done" entry."""
+    import pickle
+    import traceback
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from lib_dist.comm import Trace, join_group
+
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                              timeout=timedelta(seconds=120))
+        # Rendezvous here first, so that slow torch imports don't eat join_group's timeout.
+        store.set(f"arrived/{rank}", "1")
+        store.wait([f"arrived/{q}" for q in range(world_size)], timedelta(seconds=120))
+        comm = join_group(rank, world_size, store, timeout=timeout)
+        for name, fn_name, args in checks:
+            comm.trace = Trace()
+            try:
+                result = globals()[fn_name](comm, *args)
+            except Exception as e:  # noqa: BLE001 - reported to the parent
+                queue.put((rank, name, "error", pickle.dumps((type(e).__name__, str(e))),
+                           comm.trace.to_dicts()))
+                break
+            queue.put((rank, name, "ok", pickle.dumps(result), comm.trace.to_dicts()))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        queue.put((rank, "<setup>", "error",
+                   pickle.dumps((type(e).__name__, traceback.format_exc())), []))
+    finally:
+        queue.put((rank, None, "done", b"", []))

@@ -1,0 +1,389 @@
+"""SimulatedWorld: point-to-point semantics, the default collectives, the errors it promises
+(deadlock, mismatch, failed peer, timeout) and the exactness of its traces."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import algorithms as alg  # noqa: E402
+
+from lib_dist.comm import (  # noqa: E402
+    CommError, CommTimeout, DeadlockError, MismatchError, PeerFailed, RankTraffic,
+    SimulatedWorld, chunk_bounds, wait_all,
+)
+from lib_dist.errors import RankFailure, RankTimeout  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+SIZES = [1, 2, 3, 4, 8]
+
+
+def assert_same(got, want, where: str = "") -> None:
+    """Exact equality of nested results: tensors by shape, dtype and value."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{where}: got {type(got).__name__}"
+        assert got.shape == want.shape and got.dtype == want.dtype, (
+            f"{where}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}")
+        assert torch.equal(got, want), f"{where}: got {got}, want {want}"
+    elif isinstance(want, dict):
+        assert set(got) == set(want), where
+        for k in want:
+            assert_same(got[k], want[k], f"{where}[{k!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, where
+
+
+def run_failing(world: SimulatedWorld, fn, *args) -> tuple[RankFailure, float]:
+    """Run fn expecting a RankFailure; return it and the seconds it took to arrive."""
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        world.run(fn, *args)
+    return info.value, time.monotonic() - start
+
+
+# -- point to point ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", SIZES)
+def test_send_recv_pairs(world_size):
+    world = SimulatedWorld(world_size)
+    results = world.run(alg.send_recv_pairs, 5)
+    for r, got in enumerate(results):
+        if r % 2:
+            assert_same(got, alg.data(r - 1, 5), f"rank {r}")
+        elif r + 1 < world_size:
+            assert_same(got, alg.data(r, 5), f"rank {r}")
+        else:
+            assert got is None
+    msgs = world.trace.messages()
+    assert sorted((m.src, m.dst, m.nbytes) for m in msgs) == [
+        (r, r + 1, 20) for r in range(0, world_size - 1, 2)]
+
+
+def test_blocking_send_waits_for_the_receiver():
+    """A send completes only once the receiver takes the message (gloo's rendezvous)."""
+    def fn(comm):
+        if comm.rank == 0:
+            start = time.monotonic()
+            comm.send(torch.ones(3), 1)
+            return time.monotonic() - start
+        time.sleep(0.3)
+        comm.recv(torch.empty(3), 0)
+        return None
+
+    sent_after, _ = SimulatedWorld(2).run(fn)
+    assert sent_after >= 0.25
+
+
+def test_isend_completes_when_matched_and_channels_are_fifo():
+    def fn(comm):
+        if comm.rank == 0:
+            handles = [comm.isend(torch.full((2,), float(i)), 1) for i in range(4)]
+            assert not handles[0].is_completed()  # nobody has posted a receive yet
+            comm.barrier()
+            comm.barrier()
+            assert all(h.is_completed() for h in handles)
+            wait_all(handles)
+            return None
+        comm.barrier()
+        bufs = [torch.empty(2) for _ in range(4)]
+        wait_all([comm.irecv(b, 0) for b in bufs])
+        comm.barrier()
+        return [b[0].item() for b in bufs]
+
+    assert SimulatedWorld(2).run(fn)[1] == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("world_size", SIZES + [16])
+def test_ring_pass_results_and_exact_trace(world_size):
+    n = 6
+    world = SimulatedWorld(world_size)
+    results = world.run(alg.ring_pass, n)
+    everyone = [alg.data(q, n) for q in range(world_size)]
+    for r, got in enumerate(results):
+        assert_same(got, everyone, f"rank {r}")
+
+    summary = world.trace.summary()
+    per_rank = RankTraffic(world_size - 1, (world_size - 1) * n * 4,
+                           world_size - 1, (world_size - 1) * n * 4)
+    assert {r: summary.get(r, RankTraffic()) for r in range(world_size)} == {
+        r: per_rank for r in range(world_size)}
+    links = Counter((m.src, m.dst, m.nbytes) for m in world.trace.messages())
+    assert links == Counter({(r, (r + 1) % world_size, n * 4): world_size - 1
+                             for r in range(world_size)} if world_size > 1 else {})
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_summary_and_messages_agree(world_size):
+    def fn(comm):  # an irregular pattern: rank r sends r+1 messages of r+1 floats to rank 0
+        if comm.rank:
+            wait_all([comm.isend(torch.ones(comm.rank + 1), 0) for _ in range(comm.rank + 1)])
+        else:
+            for src in range(1, comm.world_size):
+                wait_all([comm.irecv(torch.empty(src + 1), src) for _ in range(src + 1)])
+        alg.ring_pass(comm, 3)
+
+    world = SimulatedWorld(world_size)
+    world.run(fn)
+    msgs = world.trace.messages()
+    from_msgs: dict[int, list[int]] = {r: [0, 0, 0, 0] for r in range(world_size)}
+    for m in msgs:
+        from_msgs[m.src][0] += 1
+        from_msgs[m.src][1] += m.nbytes
+        from_msgs[m.dst][2] += 1
+        from_msgs[m.dst][3] += m.nbytes
+    assert world.trace.summary() == {r: RankTraffic(*c) for r, c in from_msgs.items()}
+    assert all(m.start <= m.end for m in msgs)
+    assert world.trace.summary()[1].sent_bytes == 2 * 2 * 4 + (world_size - 1) * 3 * 4
+
+
+@pytest.mark.parametrize("world_size", SIZES)
+def test_barrier_holds_every_rank_until_all_arrive(world_size):
+    def fn(comm):
+        time.sleep(0.02 * comm.rank)
+        entered = time.monotonic()
+        comm.barrier()
+        return entered, time.monotonic()
+
+    world = SimulatedWorld(world_size)
+    assert world.run(alg.barrier_twice) == list(range(world_size))
+    times = world.run(fn)
+    assert min(left for _, left in times) >= max(entered for entered, _ in times)
+    kinds = Counter((e.rank, e.kind) for e in world.trace.events)
+    assert kinds == Counter({(r, "barrier"): 1 for r in range(world_size)})
+
+
+def test_barrier_with_a_rank_that_returned_fails_at_once():
+    def fn(comm):
+        if comm.rank != 1:
+            comm.barrier()
+
+    err, elapsed = run_failing(SimulatedWorld(3, timeout=5.0), fn)
+    assert elapsed < 5.0
+    assert set(err.ranks) == {0, 2}
+    for r in (0, 2):
+        assert isinstance(err.exceptions[r], PeerFailed)
+        assert "barrier" in str(err.exceptions[r]) and "rank 1 returned" in str(err.exceptions[r])
+
+
+# -- collectives ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", SIZES)
+def test_collectives_match_local_computation(world_size):
+    n = 5
+    # lengths shorter than the world size (1, 3) and not divisible by it (7, 2N+1)
+    lengths = sorted({1, 3, 7, 2 * world_size + 1, 4 * world_size})
+    results = SimulatedWorld(world_size).run(alg.collectives, n, lengths)
+    for r, got in enumerate(results):
+        assert_same(got, alg.expected_collectives(world_size, r, n, lengths), f"rank {r}")
+
+
+@pytest.mark.parametrize("world_size", SIZES)
+def test_ring_all_reduce_and_gather_broadcast_sum(world_size):
+    for n in (8, 7, 2):  # 2 < 8 leaves empty chunks
+        want = torch.stack([alg.data(q, n) for q in range(world_size)]).sum(0)
+        for fn in (alg.ring_all_reduce, alg.gather_then_broadcast):
+            for r, got in enumerate(SimulatedWorld(world_size).run(fn, n)):
+                assert_same(got, want, f"{fn.__name__} n={n} rank {r}")
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 4])
+def test_reduce_scatter_chunks_cover_the_tensor(world_size):
+    for n in (0, 1, 2, 5, 9):
+        bounds = chunk_bounds(n, world_size)
+        assert bounds[0][0] == 0 and bounds[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        results = SimulatedWorld(world_size).run(
+            lambda comm, m: comm.reduce_scatter(alg.data(comm.rank, m)), n)
+        full = sum(alg.data(q, n) for q in range(world_size))
+        assert_same(torch.cat(results), full if n else torch.empty(0))
+
+
+def test_collectives_leave_inputs_they_do_not_own_alone():
+    def fn(comm):
+        x = alg.data(comm.rank, 6)
+        comm.all_gather(x)
+        comm.reduce_scatter(x)
+        return x
+
+    for r, x in enumerate(SimulatedWorld(3).run(fn)):
+        assert_same(x, alg.data(r, 6))
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_both_send_first_is_a_deadlock_reported_at_once(world_size):
+    timeout = 5.0
+    world = SimulatedWorld(world_size, timeout=timeout)
+    err, elapsed = run_failing(world, alg.both_send_first, 4)
+    assert elapsed < timeout
+    assert not isinstance(err, RankTimeout)
+    assert err.ranks == [0, 1]
+    text = str(err)
+    for r in (0, 1):
+        assert isinstance(err.exceptions[r], DeadlockError)
+        assert f"rank {r}: send to rank {1 - r}" in text
+        assert f"rank {r}: waiting in send to rank {1 - r}" in text
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_ring_of_blocking_sends_deadlocks_naming_every_rank(world_size):
+    def fn(comm):
+        comm.send(torch.ones(2), (comm.rank + 1) % comm.world_size)
+        comm.recv(torch.empty(2), (comm.rank - 1) % comm.world_size)
+
+    err, elapsed = run_failing(SimulatedWorld(world_size, timeout=5.0), fn)
+    assert elapsed < 5.0
+    assert err.ranks == list(range(world_size))
+    for r in range(world_size):
+        assert isinstance(err.exceptions[r], DeadlockError)
+        assert f"rank {r}: send to rank {(r + 1) % world_size}" in str(err)
+
+
+def test_world_is_reusable_after_a_failure():
+    world = SimulatedWorld(2, timeout=5.0)
+    run_failing(world, alg.both_send_first, 4)
+    assert_same(world.run(alg.ring_pass, 3), [[alg.data(0, 3), alg.data(1, 3)]] * 2)
+    assert len(world.trace.messages()) == 2
+
+
+@pytest.mark.parametrize("kind", ["shape", "dtype"])
+def test_mismatch_raises_on_both_ranks(kind):
+    sent = torch.ones(4)
+    buf = torch.empty(5) if kind == "shape" else torch.empty(4, dtype=torch.float64)
+
+    def fn(comm):
+        if comm.rank == 0:
+            comm.send(sent, 1)
+        else:
+            comm.recv(buf, 0)
+
+    err, _ = run_failing(SimulatedWorld(2, timeout=5.0), fn)
+    assert err.ranks == [0, 1]
+    want = ["(4,)", "(5,)"] if kind == "shape" else ["float32", "float64"]
+    for r in (0, 1):
+        e = err.exceptions[r]
+        assert isinstance(e, MismatchError)
+        for needle in ["rank 0", "rank 1", *want]:
+            assert needle in str(e), (needle, str(e))
+
+
+def test_peer_that_returned_is_named():
+    def fn(comm):
+        if comm.rank == 1:
+            comm.recv(torch.empty(3), 0)
+
+    err, elapsed = run_failing(SimulatedWorld(2, timeout=5.0), fn)
+    assert elapsed < 5.0
+    assert err.ranks == [1]
+    e = err.exceptions[1]
+    assert isinstance(e, PeerFailed)
+    assert "rank 1: recv from rank 0" in str(e) and "rank 0 returned" in str(e)
+
+
+def test_peer_that_raised_is_listed_with_its_exception():
+    def fn(comm):
+        if comm.rank == 0:
+            raise ValueError("boom in rank zero")
+        comm.recv(torch.empty(3), 0)
+
+    err, elapsed = run_failing(SimulatedWorld(2, timeout=5.0), fn)
+    assert elapsed < 5.0
+    assert err.ranks == [0, 1]
+    assert isinstance(err.exceptions[0], ValueError)
+    assert "ValueError: boom in rank zero" in err.failures[0]
+    assert isinstance(err.exceptions[1], PeerFailed)
+    assert "PeerFailed" in err.failures[1]
+    assert "rank 0 failed (ValueError: boom in rank zero)" in str(err.exceptions[1])
+    text = str(err)
+    assert "ranks 0, 1 failed" in text
+    assert "--- rank 0 ---" in text and "--- rank 1 ---" in text
+
+
+def test_endless_compute_loop_gives_the_waiting_peer_a_timeout():
+    timeout = 0.5
+    stop = threading.Event()
+    looper: list[threading.Thread] = []
+    waited: list[float] = []
+
+    def fn(comm):
+        if comm.rank == 0:
+            looper.append(threading.current_thread())
+            while not stop.is_set():  # "computing" forever; never communicates
+                sum(range(1000))
+            return
+        start = time.monotonic()
+        try:
+            comm.recv(torch.empty(3), 0)
+        finally:
+            waited.append(time.monotonic() - start)
+
+    world = SimulatedWorld(2, timeout=timeout)
+    try:
+        with pytest.raises(RankTimeout) as info:
+            world.run(fn)
+    finally:
+        stop.set()
+        for t in looper:
+            t.join(5)
+    assert not looper[0].is_alive()
+    assert timeout * 0.9 <= waited[0] < timeout + 1.0
+    err = info.value
+    assert err.hung == [0]
+    assert isinstance(err.exceptions[1], CommTimeout)
+    assert "rank 1: recv from rank 0 did not complete within 0.5 s" in str(err.exceptions[1])
+    assert "rank 0 did not finish within 0.5 s" in str(err)
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, -1, 2.0, None])
+def test_world_size_must_be_a_positive_int(size):
+    with pytest.raises(ValueError, match="world_size"):
+        SimulatedWorld(size)
+
+
+def _only_rank_0(action):
+    def fn(comm):
+        if comm.rank == 0:
+            action(comm)
+    return fn
+
+
+@pytest.mark.parametrize("action, error, needle", [
+    (lambda c: c.send(torch.ones(2), 2), CommError, "peer 2, but ranks are 0..1"),
+    (lambda c: c.recv(torch.ones(2), -1), CommError, "peer -1"),
+    (lambda c: c.isend(torch.ones(2), 0), CommError, "send to itself"),
+    (lambda c: c.irecv(torch.ones(2), 0), CommError, "recv to itself"),
+    (lambda c: c.send(torch.ones(3, 2).t(), 1), CommError, "contiguous"),
+    (lambda c: c.send([1.0, 2.0], 1), CommError, "needs a torch.Tensor"),
+    (lambda c: c.broadcast(torch.ones(2), src=5), CommError, "broadcast names peer 5"),
+    (lambda c: c.all_reduce(torch.ones(2), "max"), ValueError, "'sum' or 'avg', got 'max'"),
+    (lambda c: c.reduce_scatter(torch.ones(2), "max"), ValueError, "got 'max'"),
+    (lambda c: c.all_reduce(torch.ones(2, dtype=torch.int64), "avg"), ValueError, "floating"),
+], ids=["peer-too-big", "peer-negative", "isend-self", "irecv-self", "non-contiguous",
+        "not-a-tensor", "broadcast-root", "op-max", "reduce-scatter-op", "avg-int"])
+def test_bad_input_is_rejected_by_the_calling_rank(action, error, needle):
+    err, elapsed = run_failing(SimulatedWorld(2, timeout=5.0), _only_rank_0(action))
+    assert elapsed < 5.0
+    assert err.ranks == [0]
+    assert isinstance(err.exceptions[0], error)
+    assert needle in str(err.exceptions[0])
+    assert str(err.exceptions[0]).startswith("rank 0") or error is ValueError

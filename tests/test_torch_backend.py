@@ -1,0 +1,232 @@
+"""TorchCommunicator over real gloo processes: the algorithms of tests/algorithms.py give the
+same results and the same point-to-point traces as on the simulated world, the native
+collectives agree with local computation, and a deadlock ends in CommTimeout.
+
+Each world size is one spawned run (torch imports cost seconds per process) executing every
+check in turn; the tests below read its results. The deadlock runs last, as a timed-out gloo
+group is unusable.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import queue as queue_module
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned children inherit sys.path
+
+import algorithms as alg  # noqa: E402
+
+from lib_dist.comm import CommError, Event, SimulatedWorld, TorchCommunicator, Trace  # noqa: E402
+from lib_dist.errors import RankFailure  # noqa: E402
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+N = 5
+SCATTER_LENGTHS = [1, 3, 7, 8, 9]  # shorter than and not divisible by 2 and 4
+DEADLOCK_TIMEOUT = 3.0
+CHECKS = [
+    ("send_recv", "send_recv_pairs", (N,)),
+    ("ring", "ring_pass", (6,)),
+    ("ring_all_reduce", "ring_all_reduce", (8,)),
+    ("gather_then_broadcast", "gather_then_broadcast", (N,)),
+    ("barrier", "barrier_twice", ()),
+    ("collectives", "collectives", (N, SCATTER_LENGTHS)),
+]
+P2P_CHECKS = [c for c in CHECKS if c[0] not in ("barrier", "collectives")]
+
+
+@dataclass
+class Outcome:
+    """What one spawned run reported: per check, per rank, (status, payload, trace)."""
+
+    world_size: int
+    checks: dict[str, dict[int, tuple[str, object, Trace]]] = field(default_factory=dict)
+    setup_errors: dict[int, object] = field(default_factory=dict)
+    exitcodes: list[int | None] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def results(self, name: str) -> list[object]:
+        """The check's results by rank; fails the test with the ranks' errors if any."""
+        got = self.checks.get(name, {})
+        assert not self.setup_errors, f"ranks failed to start: {self.setup_errors}"
+        bad = {r: v[1] for r, v in got.items() if v[0] != "ok"}
+        assert not bad and sorted(got) == list(range(self.world_size)), (
+            f"{name}: ranks reported {sorted(got)}, errors {bad}")
+        return [got[r][1] for r in range(self.world_size)]
+
+    def trace(self, name: str) -> Trace:
+        self.results(name)
+        return Trace.merge([self.checks[name][r][2] for r in range(self.world_size)])
+
+
+def spawn_run(world_size: int, checks: list, timeout: float, budget: float = 90.0) -> Outcome:
+    """Spawn `world_size` gloo ranks running `checks`; collect their reports; leave no child
+    process behind, whatever happens."""
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    reports = ctx.Queue()
+    procs = [ctx.Process(target=alg.torch_rank_main, name=f"gloo-rank-{r}", daemon=True,
+                         args=(r, world_size, store.port, timeout, checks, reports))
+             for r in range(world_size)]
+    out = Outcome(world_size)
+    start = time.monotonic()
+    deadline = start + budget
+    try:
+        for p in procs:
+            p.start()
+        done: set[int] = set()
+        while len(done) < world_size:
+            try:
+                rank, name, status, payload, events = reports.get(
+                    timeout=max(deadline - time.monotonic(), 0.1))
+            except queue_module.Empty:
+                alive = [p.name for p in procs if p.is_alive()]
+                pytest.fail(f"no report within {budget:g} s; ranks done {sorted(done)}, "
+                            f"processes alive {alive}")
+            if status == "done":
+                done.add(rank)
+            elif name == "<setup>":
+                out.setup_errors[rank] = pickle.loads(payload)
+            else:
+                trace = Trace([Event(**e) for e in events])
+                out.checks.setdefault(name, {})[rank] = (status, pickle.loads(payload), trace)
+        out.seconds = time.monotonic() - start
+    finally:
+        for p in procs:
+            p.join(max(deadline - time.monotonic(), 5.0))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        out.exitcodes = [p.exitcode for p in procs]
+        reports.close()
+        reports.join_thread()
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"world{n}")
+def gloo_run(request) -> Outcome:
+    world_size = request.param
+    if world_size == 2:  # both-send-first at the end: the group times out and is done
+        checks = CHECKS + [("deadlock", "both_send_first", (4,))]
+        return spawn_run(world_size, checks, timeout=DEADLOCK_TIMEOUT)
+    return spawn_run(world_size, CHECKS, timeout=30.0)
+
+
+def simulated(world_size: int, fn_name: str, args: tuple) -> tuple[list[object], Trace]:
+    world = SimulatedWorld(world_size)
+    results = world.run(getattr(alg, fn_name), *args)
+    return results, world.trace
+
+
+def assert_same(got, want, where: str = "") -> None:
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{where}: got {type(got).__name__}"
+        assert got.shape == want.shape and got.dtype == want.dtype, (
+            f"{where}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}")
+        assert torch.equal(got, want), f"{where}: got {got}, want {want}"
+    elif isinstance(want, dict):
+        assert set(got) == set(want), where
+        for k in want:
+            assert_same(got[k], want[k], f"{where}[{k!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, where
+
+
+# -- same algorithms, same answers, same traffic ----------------------------------------------
+
+
+@pytest.mark.parametrize("name, fn_name, args", P2P_CHECKS, ids=[c[0] for c in P2P_CHECKS])
+def test_point_to_point_matches_the_simulated_world(gloo_run, name, fn_name, args):
+    want, sim_trace = simulated(gloo_run.world_size, fn_name, args)
+    assert_same(gloo_run.results(name), want, name)
+    trace = gloo_run.trace(name)
+    assert trace.summary() == sim_trace.summary()
+    assert Counter((m.src, m.dst, m.nbytes) for m in trace.messages()) == Counter(
+        (m.src, m.dst, m.nbytes) for m in sim_trace.messages())
+
+
+def test_ring_trace_counts_per_rank(gloo_run):
+    ws, n = gloo_run.world_size, 6
+    summary = gloo_run.trace("ring").summary()
+    assert sorted(summary) == list(range(ws))
+    for r in range(ws):
+        assert summary[r].sent_messages == summary[r].recv_messages == ws - 1
+        assert summary[r].sent_bytes == summary[r].recv_bytes == (ws - 1) * n * 4
+        events = gloo_run.checks["ring"][r][2].of_rank(r)
+        assert [e.seq for e in events] == list(range(2 * (ws - 1)))
+        assert {e.peer for e in events if e.kind == "send"} == {(r + 1) % ws}
+        assert {e.peer for e in events if e.kind == "recv"} == {(r - 1) % ws}
+
+
+def test_barrier(gloo_run):
+    assert gloo_run.results("barrier") == list(range(gloo_run.world_size))
+    kinds = Counter(e.kind for e in gloo_run.trace("barrier").events)
+    assert kinds == Counter({"barrier": 2 * gloo_run.world_size})
+
+
+def test_native_collectives_match_local_computation_and_simulated(gloo_run):
+    ws = gloo_run.world_size
+    got = gloo_run.results("collectives")
+    for r in range(ws):
+        assert_same(got[r], alg.expected_collectives(ws, r, N, SCATTER_LENGTHS), f"rank {r}")
+    sim, _ = simulated(ws, "collectives", (N, SCATTER_LENGTHS))
+    assert_same(got, sim)
+    trace = gloo_run.trace("collectives")
+    assert trace.summary() == {}  # native collectives send no traced point-to-point messages
+    per_rank = Counter(e.kind for e in trace.of_rank(0))
+    assert per_rank == Counter({"broadcast": ws, "all_reduce": 3, "all_gather": 1,
+                                "reduce_scatter": 2 * len(SCATTER_LENGTHS) + 1})
+    assert all(e.peer == -1 for e in trace.events)
+
+
+# -- failure ------------------------------------------------------------------------------------
+
+
+def test_both_send_first_times_out_on_both_ranks(gloo_run):
+    if gloo_run.world_size != 2:
+        pytest.skip("the deadlock runs in the 2-rank world only")
+    reports = gloo_run.checks["deadlock"]
+    assert sorted(reports) == [0, 1]
+    for r in (0, 1):
+        status, (kind, message), _ = reports[r]
+        assert (status, kind) == ("error", "CommTimeout"), message
+        assert message.startswith(f"rank {r}: send to rank {1 - r} did not complete within 3 s")
+
+
+def test_every_child_exited(gloo_run):
+    assert gloo_run.exitcodes == [0] * gloo_run.world_size
+    assert not gloo_run.setup_errors
+
+
+# -- in-process checks that need no spawn -------------------------------------------------------
+
+
+def test_communicator_needs_a_group():
+    if dist.is_initialized():
+        pytest.skip("a process group exists in this process")
+    with pytest.raises(CommError, match="join_group"):
+        TorchCommunicator()
+
+
+def test_simulated_deadlock_is_a_rank_failure_for_comparison():
+    """The same algorithm the gloo ranks time out on fails at once on the simulated world."""
+    with pytest.raises(RankFailure, match="send to rank 1"):
+        SimulatedWorld(2, timeout=DEADLOCK_TIMEOUT).run(alg.both_send_first, 4)
