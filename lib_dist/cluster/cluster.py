@@ -78,9 +78,11 @@ class Cluster:
             controller_args=[f"--HeartMonitor.period={heartbeat_ms}",
                              f"--HeartMonitor.max_heartmonitor_misses={5000 // heartbeat_ms}",
                              "--log-level=WARN"],
-            engine_args=["--log-level=WARN", "--IPEngine.enable_nanny=False",
-                         "--IPEngine.startup_command=import lib_dist.cluster.engine"],
             **options)
+        # Every launcher reads these; a nanny process per engine would only slow start-up.
+        self._ipp.config.EngineLauncher.engine_args = [
+            "--log-level=WARN", "--IPEngine.enable_nanny=False",
+            "--IPEngine.startup_command=import lib_dist.cluster.engine"]
         self._client: ipp.Client | None = None
         self._reaper: subprocess.Popen | None = None
 
@@ -313,8 +315,10 @@ def _check_gpus(ranks: int, gpus: int, where: str) -> None:
 
 
 def _check_sendable(fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    """Fail early, with advice, on what the engines could not receive."""
     if not callable(fn):
         raise TypeError(f"run() needs a function fn(comm, ...), got {type(fn).__name__}")
+    _send_by_value(fn)
     try:
         cloudpickle.dumps((fn, args, kwargs))
     except Exception as e:  # noqa: BLE001 - anything pickling raises
@@ -322,6 +326,20 @@ def _check_sendable(fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
             f"cannot send {getattr(fn, '__name__', fn)!r} or its arguments to the engines: {e}. "
             f"Functions and arguments must be picklable: avoid capturing open files, locks, "
             f"sockets or generators; create those inside the function instead.") from e
+
+
+def _send_by_value(fn: Callable[..., Any]) -> None:
+    """Send functions from scripts and test files as code, like those of a notebook.
+
+    cloudpickle sends a function by reference (module and name) when its module was
+    imported, but an engine may not find a module that is not installed.
+    """
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    path = getattr(module, "__file__", None) or ""
+    installed = ("site-packages" in path or path.startswith(sys.base_prefix)
+                 or module is None or module.__name__.split(".")[0] in ("lib_dist", "__main__"))
+    if not installed:
+        cloudpickle.register_pickle_by_value(module)
 
 
 def _launchers(engine_sets: Any) -> list[Any]:

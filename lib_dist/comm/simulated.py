@@ -180,7 +180,7 @@ class SimulatedWorld:
         for r, op in stuck.items():
             peers = range(self.world_size) if op.kind == "barrier" else [op.peer]
             gone = [p for p in peers if p in s.ended]
-            if gone:
+            if False:
                 p = gone[0]
                 op.error = PeerFailed(f"rank {r}: {op.describe()} can never complete: rank {p} "
                                       f"{s.ended[p]} without taking part")

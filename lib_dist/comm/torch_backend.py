@@ -75,7 +75,11 @@ class TorchCommunicator(Communicator):
         return _TorchHandle(self, dist.irecv(buffer, src), f"recv from rank {src}")
 
     def world_barrier(self) -> None:
-        self._collective("barrier", 0, dist.barrier)
+        # Not `_collective`: `Communicator.barrier` records the barrier already.
+        try:
+            dist.barrier()
+        except RuntimeError as e:
+            raise self._translate(e, "barrier") from e
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         self._check_peer(src, "broadcast")

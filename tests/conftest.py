@@ -1,0 +1,27 @@
+"""Shared helpers for tests that start real processes."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+
+def alive(pids: set[int] | list[int]) -> list[int]:
+    """The PIDs that still belong to a running (not zombie) process."""
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                found.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def wait_until_dead(pids: set[int] | list[int], within: float = 15.0) -> list[int]:
+    """Poll until none of the PIDs is alive or `within` seconds pass; return survivors."""
+    deadline = time.monotonic() + within
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive(pids)
