@@ -1,0 +1,72 @@
+"""The cluster as a student meets it: inside a real Jupyter kernel, with %%px."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from conftest import wait_until_dead
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def execute(client, code: str) -> str:
+    """Run one cell; return its stdout; fail with the traceback if it raised."""
+    out: list[str] = []
+
+    def collect(msg):
+        content = msg["content"]
+        if msg["msg_type"] == "stream" and content["name"] == "stdout":
+            out.append(content["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(content["traceback"]))
+
+    reply = client.execute_interactive(code, timeout=120, output_hook=collect)
+    assert reply["content"]["status"] == "ok", "".join(out)
+    return "".join(out)
+
+
+@pytest.fixture()
+def kernel():
+    manager, client = start_new_kernel(kernel_name="python3", cwd=os.getcwd())
+    try:
+        yield manager, client
+    finally:
+        client.stop_channels()
+        if manager.is_alive():
+            manager.shutdown_kernel(now=True)
+
+
+def test_notebook_functions_px_cells_and_kernel_death(kernel):
+    manager, client = kernel
+    execute(client, "from lib_dist.cluster import Cluster\ncluster = Cluster(2, timeout=30).start()")
+
+    # A function defined in the notebook, calling another notebook function and global.
+    out = execute(client, (
+        "offset = 7\n"
+        "def scaled(x):\n"
+        "    return 10 * x + offset\n"
+        "def work(comm):\n"
+        "    return scaled(comm.rank)\n"
+        "print(cluster.run(work))"))
+    assert out.strip() == "[7, 17]"
+
+    # %%px runs on every rank, which sees comm, rank, world_size and device.
+    execute(client, (
+        "%%px\n"
+        "import torch\n"
+        "t = torch.ones(1) * (rank + 1)\n"
+        "comm.all_reduce(t)\n"
+        "total = (rank, world_size, str(device), t.item())"))
+    out = execute(client, "print(cluster.view['total'])")
+    assert out.strip() == "[(0, 2, 'cpu', 3.0), (1, 2, 'cpu', 3.0)]"
+
+    # Kill the kernel outright: no atexit, no stop(). The watchdog must clean up.
+    pids = json.loads(execute(client, "import json; print(json.dumps(sorted(cluster.pids())))"))
+    assert len(pids) == 3
+    os.kill(manager.provisioner.process.pid, signal.SIGKILL)
+    assert wait_until_dead(pids, within=10) == []
