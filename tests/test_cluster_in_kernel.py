@@ -15,18 +15,20 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def execute(client, code: str) -> str:
-    """Run one cell; return its stdout; fail with the traceback if it raised."""
+    """Run one cell; return its stdout; fail if it raised or wrote to stderr (log noise)."""
     out: list[str] = []
+    err: list[str] = []
 
     def collect(msg):
         content = msg["content"]
-        if msg["msg_type"] == "stream" and content["name"] == "stdout":
-            out.append(content["text"])
+        if msg["msg_type"] == "stream":
+            (out if content["name"] == "stdout" else err).append(content["text"])
         elif msg["msg_type"] == "error":
-            out.append("\n".join(content["traceback"]))
+            err.append("\n".join(content["traceback"]))
 
     reply = client.execute_interactive(code, timeout=120, output_hook=collect)
-    assert reply["content"]["status"] == "ok", "".join(out)
+    assert reply["content"]["status"] == "ok", "".join(err)
+    assert not err, f"the cell wrote to stderr: {''.join(err)}"
     return "".join(out)
 
 
@@ -64,6 +66,10 @@ def test_notebook_functions_px_cells_and_kernel_death(kernel):
         "total = (rank, world_size, str(device), t.item())"))
     out = execute(client, "print(cluster.view['total'])")
     assert out.strip() == "[(0, 2, 'cpu', 3.0), (1, 2, 'cpu', 3.0)]"
+
+    # Stopping and starting again is quiet: no ipyparallel logs or engine output dumps.
+    execute(client, "cluster.stop(); cluster = Cluster(2, timeout=30).start()")
+    assert execute(client, "print(cluster.run(work))").strip() == "[7, 17]"
 
     # Kill the kernel outright: no atexit, no stop(). The watchdog must clean up.
     pids = json.loads(execute(client, "import json; print(json.dumps(sorted(cluster.pids())))"))
