@@ -112,6 +112,28 @@ def test_one_senders_outbound_link_is_shared():
     assert traced(4, fn).modeled_time(MODEL) == 3 * MODEL.cost(1024)
 
 
+def test_receives_pair_with_sends_in_posting_order_not_waiting_order():
+    """Rank 1 posts irecv A, then a blocking recv B, forwards B back to rank 0, and only then
+    waits on A. FIFO matching gives A the first send, B the second; the reply must wait for
+    the second message: three message times, not two."""
+    def fn(comm):
+        a, b = torch.zeros(256), torch.zeros(256)
+        if comm.rank == 0:
+            sends = [comm.isend(torch.full((256,), float(i)), 1) for i in (1, 2)]
+            comm.recv(torch.empty(256), 1)
+            wait_all(sends)
+            return None
+        first = comm.irecv(a, 0)
+        comm.recv(b, 0)
+        comm.send(b, 0)
+        first.wait()
+        return a[0].item(), b[0].item()
+
+    world = SimulatedWorld(2)
+    assert world.run(fn)[1] == (1.0, 2.0)
+    assert world.trace.modeled_time(MODEL) == 3 * MODEL.cost(1024)
+
+
 # -- Chrome trace -----------------------------------------------------------------------------
 
 

@@ -41,6 +41,7 @@ class _Op:
     done: bool = False
     error: CommError | None = None
     generation: int = 0  # barriers only
+    state: _State | None = None  # the run it belongs to; `post` sets the world's current one
 
     def describe(self) -> str:
         if self.kind == "barrier":
@@ -77,10 +78,12 @@ class SimulatedWorld:
         """Run `fn(comm, *args, **kwargs)` on every rank; return the results by rank.
 
         Raises `RankFailure` naming every rank that raised. Once a rank has failed, the
-        others get `timeout` seconds to finish before `RankTimeout` names the ones still busy.
+        others get `timeout` seconds to finish; those still busy are its `still_running`.
         """
         self.trace = Trace()
-        self._state = _State()
+        # A fresh state per run: a rank thread left over from an earlier failed run (still
+        # looping, or sleeping) posts and ends in its own run's state, never in this one.
+        self._state = state = _State()
         results: list[Any] = [None] * self.world_size
         failures: dict[int, str] = {}
         exceptions: dict[int, BaseException] = {}
@@ -88,11 +91,12 @@ class SimulatedWorld:
         def body(comm: SimulatedCommunicator) -> None:
             try:
                 results[comm.rank] = fn(comm, *args, **kwargs)
-                self._end(comm.rank, "returned")
+                self._end(state, comm.rank, "returned")
             except BaseException as e:  # noqa: BLE001 - reported to the caller by rank
                 failures[comm.rank] = traceback.format_exc()
                 exceptions[comm.rank] = e
-                self._end(comm.rank, f"failed ({type(e).__name__}: {e})".split("\n")[0])
+                self._end(state, comm.rank,
+                          f"failed ({type(e).__name__}: {e})".split("\n")[0])
 
         threads = [threading.Thread(target=body, args=(c,), daemon=True,
                                     name=f"rank-{c.rank}") for c in self.communicators()]
@@ -118,7 +122,9 @@ class SimulatedWorld:
 
     def post(self, op: _Op) -> _Op:
         with self._cond:
-            s = self._state
+            if op.state is None:
+                op.state = self._state
+            s = op.state
             if op.kind == "barrier":
                 op.generation = s.generation
                 s.barrier.append(op)
@@ -150,11 +156,12 @@ class SimulatedWorld:
 
     def wait(self, op: _Op) -> None:
         deadline = time.monotonic() + self.timeout
+        s = op.state
         with self._cond:
-            self._state.waiting[op.rank] = op
+            s.waiting[op.rank] = op
             try:
                 while not op.done and op.error is None:
-                    self._find_deadlock()
+                    self._find_deadlock(s)
                     if op.done or op.error is not None:
                         break
                     remaining = deadline - time.monotonic()
@@ -164,23 +171,22 @@ class SimulatedWorld:
                             f"{self.timeout:g} s")
                     self._cond.wait(remaining)
             finally:
-                del self._state.waiting[op.rank]
+                del s.waiting[op.rank]
         if op.error is not None:
             raise op.error
 
-    def _end(self, rank: int, how: str) -> None:
+    def _end(self, state: _State, rank: int, how: str) -> None:
         with self._cond:
-            self._state.ended[rank] = how
+            state.ended[rank] = how
             self._cond.notify_all()
 
-    def _find_deadlock(self) -> None:
-        """Fail every wait that can no longer complete."""
-        s = self._state
+    def _find_deadlock(self, s: _State) -> None:
+        """Fail every wait of the run `s` that can no longer complete."""
         stuck = {r: op for r, op in s.waiting.items() if not op.done and op.error is None}
         for r, op in stuck.items():
             peers = range(self.world_size) if op.kind == "barrier" else [op.peer]
             gone = [p for p in peers if p in s.ended]
-            if False:
+            if gone:
                 p = gone[0]
                 op.error = PeerFailed(f"rank {r}: {op.describe()} can never complete: rank {p} "
                                       f"{s.ended[p]} without taking part")
@@ -214,15 +220,19 @@ class SimulatedCommunicator(Communicator):
     def __init__(self, world: SimulatedWorld, rank: int):
         super().__init__(rank, world.world_size, "cpu", trace=world.trace)
         self.world = world
+        self._state = world._state  # of the run this rank belongs to
+
+    def _post(self, kind: str, peer: int, tensor: torch.Tensor | None = None) -> _Op:
+        return self.world.post(_Op(kind, self.rank, peer, tensor, state=self._state))
 
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
-        return _SimHandle(self.world, self.world.post(_Op("send", self.rank, dst, tensor)))
+        return _SimHandle(self.world, self._post("send", dst, tensor))
 
     def _post_recv(self, buffer: torch.Tensor, src: int) -> Handle:
-        return _SimHandle(self.world, self.world.post(_Op("recv", self.rank, src, buffer)))
+        return _SimHandle(self.world, self._post("recv", src, buffer))
 
     def world_barrier(self) -> None:
-        self.world.wait(self.world.post(_Op("barrier", self.rank, -1)))
+        self.world.wait(self._post("barrier", -1))
 
 
 def _describe(t: torch.Tensor) -> str:

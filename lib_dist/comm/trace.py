@@ -105,10 +105,7 @@ class Trace:
 
     def messages(self) -> list[Message]:
         """Sends paired with their receives, in order of sending."""
-        recvs: dict[tuple[int, int], deque[Event]] = defaultdict(deque)
-        for e in sorted(self.events, key=lambda e: (e.rank, e.seq)):
-            if e.kind == "recv":
-                recvs[(e.peer, e.rank)].append(e)
+        recvs = _receives_by_channel(self.events)
         out = []
         for s in sorted(self.events, key=lambda e: (e.start, e.rank, e.seq)):
             if s.kind != "send":
@@ -154,10 +151,7 @@ class Trace:
             deps = [end.get((e.rank, d.seq)) for d in by_rank[e.rank] if d.seq < e.after]
             return None if None in deps else max(deps, default=0.0)
 
-        recvs: dict[tuple[int, int], deque[Event]] = defaultdict(deque)
-        for e in sorted(self.events, key=lambda e: (e.rank, e.seq)):
-            if e.kind == "recv":
-                recvs[(e.peer, e.rank)].append(e)
+        recvs = _receives_by_channel(self.events)
         todo: list[tuple[Event, Event | None]] = []
         for e in sorted(self.events, key=lambda e: (e.start, e.rank, e.seq)):
             if e.kind == "send":
@@ -215,3 +209,13 @@ class Trace:
 
     def to_dicts(self) -> list[dict]:
         return [asdict(e) for e in self.events]
+
+
+def _receives_by_channel(events: list[Event]) -> dict[tuple[int, int], deque[Event]]:
+    """The receives of each (src, dst) channel in the order they were posted, which is the
+    order FIFO matching pairs them with sends; not `seq`, the order they were waited on."""
+    recvs: dict[tuple[int, int], deque[Event]] = defaultdict(deque)
+    for e in sorted(events, key=lambda e: (e.rank, e.start, e.seq)):
+        if e.kind == "recv":
+            recvs[(e.peer, e.rank)].append(e)
+    return recvs
