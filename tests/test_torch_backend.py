@@ -33,7 +33,6 @@ from lib_dist.errors import RankFailure  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(180),
-    pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 
 N = 5
