@@ -109,11 +109,29 @@ def test_a_deadlocked_recv_times_out_and_the_cluster_recovers(cluster):
     assert time.monotonic() - start < 3 + 15  # the timeout plus a restart, never gloo's 30 min
     assert info.value.ranks == [0]
     assert "rank 0 did not finish within 3 s" in str(info.value)
+    assert "rank 0: waiting in recv from rank 1" in str(info.value)
     assert wait_until_dead(old_engines) == []  # the hung engines were replaced
     results = cluster.run(rank_and_sum, 2.0)
     expected = sum(torch.arange(5, dtype=torch.float64) * (r + 1) * 2.0 for r in range(4))
     for _, _, t in results:
         torch.testing.assert_close(t, expected)
+
+
+def spin_on_rank_three(comm):
+    if comm.rank == 3:
+        while True:
+            pass
+    comm.barrier()
+
+
+def test_a_timeout_says_what_each_hung_rank_was_doing(cluster):
+    with pytest.raises(RankTimeout) as info:
+        cluster.run(spin_on_rank_three, timeout=3)
+    assert info.value.ranks == [0, 1, 2, 3]
+    text = str(info.value)
+    assert "rank 3: running Python code, not waiting on any message" in text
+    assert "rank 0: waiting in barrier" in text
+    assert cluster.run(lambda comm: comm.rank) == [0, 1, 2, 3]
 
 
 def test_every_rank_has_a_distinct_engine_and_cpu_device(cluster):

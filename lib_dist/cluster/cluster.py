@@ -20,6 +20,7 @@ of the kernel itself.
 from __future__ import annotations
 
 import atexit
+import datetime
 import logging
 import re
 import subprocess
@@ -32,6 +33,7 @@ import cloudpickle
 import ipyparallel as ipp
 import psutil
 import torch
+import torch.distributed as dist
 
 from ..comm import Trace
 from ..errors import RankFailure, RankTimeout
@@ -84,6 +86,8 @@ class Cluster:
             "--log-level=WARN", "--IPEngine.enable_nanny=False",
             "--IPEngine.startup_command=import lib_dist.cluster.engine"]
         self._client: ipp.Client | None = None
+        self._calls = 0
+        self._store_address: tuple[str, int] = ("127.0.0.1", 0)
         self._reaper: subprocess.Popen | None = None
 
     # -- life cycle --------------------------------------------------------------------------
@@ -150,18 +154,32 @@ class Cluster:
         self._require_started()
         _check_sendable(fn, args, kwargs)
         timeout = self.timeout if timeout is None else timeout
-        pending = {rank: self._client[info["engine"]].apply_async(engine.call, fn, args, kwargs)
-                   for rank, info in enumerate(self.ranks)}
+        self._calls += 1
+        pending = {rank: self._client[info["engine"]].apply_async(
+            engine.call, fn, args, kwargs, self._calls, timeout * 0.9)
+            for rank, info in enumerate(self.ranks)}
         done, failures, exceptions = self._collect(pending, timeout)
         hung = [rank for rank in pending if rank not in done and rank not in failures]
+        whereabouts = self._whereabouts(self._calls, hung) if hung and not failures else {}
         if hung or any(_is_comm_error(e) for e in exceptions.values()):
             self.restart()
         if failures:
             raise RankFailure(failures, exceptions, still_running=hung)
         if hung:
-            raise RankTimeout(hung, timeout)
+            raise RankTimeout(hung, timeout, whereabouts)
         self.trace = Trace.merge([Trace(list(events)) for _, events in done.values()])
         return [done[rank][0] for rank in range(self.n)]
+
+    def _whereabouts(self, call_id: int, ranks: list[int]) -> dict[int, str]:
+        """What each hung rank reported it was blocked in, read from the group's store."""
+        host, port = self._store_address
+        try:
+            store = dist.TCPStore(host, port, is_master=False,
+                                  timeout=datetime.timedelta(seconds=2))
+            keys = {r: engine.whereabouts_key(call_id, r) for r in ranks}
+            return {r: store.get(k).decode() for r, k in keys.items() if store.check([k])}
+        except RuntimeError:  # rank 0, which hosts the store, may be gone
+            return {}
 
     def _collect(self, pending: dict[int, Any], timeout: float):
         """Wait for every rank's result, until `timeout`, or `FAILURE_GRACE` after a failure."""
@@ -257,6 +275,7 @@ class Cluster:
         port = self._client[rank0["engine"]].apply_sync(engine.open_store, self.n, self.timeout)
         host = ("127.0.0.1" if all(i["host"] == rank0["host"] for i in self.ranks)
                 else rank0["host"])
+        self._store_address = (host, port)
         joins = [self._client[info["engine"]].apply_async(
             engine.join, rank, self.n, host, port, info["device"], self.timeout)
             for rank, info in enumerate(self.ranks)]  # all at once: rendezvous blocks

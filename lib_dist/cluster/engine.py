@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from typing import Any, Callable
 
 import torch
@@ -50,12 +51,37 @@ def join(rank: int, world_size: int, host: str, port: int, device: str, timeout:
     return comm.backend
 
 
-def call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, list]:
-    """Run `fn(comm, *args, **kwargs)` on this rank; return its result and trace events."""
+def call(fn: Callable[..., Any], args: tuple, kwargs: dict, call_id: int = 0,
+         report_after: float | None = None) -> tuple[Any, list]:
+    """Run `fn(comm, *args, **kwargs)` on this rank; return its result and trace events.
+
+    If the call is still running after `report_after` seconds, a timer thread leaves word in
+    the group's store of what this rank is blocked in, for the client's timeout message
+    (the main thread may be stuck inside gloo, where nothing else can ask it).
+    """
     comm: TorchCommunicator = _rank["comm"]
     comm.trace = Trace()
-    result = fn(comm, *args, **kwargs)
+    timer = None
+    if report_after is not None:
+        timer = threading.Timer(report_after, _report_whereabouts, (comm, call_id))
+        timer.daemon = True
+        timer.start()
+    try:
+        result = fn(comm, *args, **kwargs)
+    finally:
+        if timer is not None:
+            timer.cancel()
     return result, comm.trace.events
+
+
+def whereabouts_key(call_id: int, rank: int) -> str:
+    return f"lib_dist/whereabouts/{call_id}/{rank}"
+
+
+def _report_whereabouts(comm: TorchCommunicator, call_id: int) -> None:
+    where = (f"waiting in {comm.waiting_in}" if comm.waiting_in
+             else "running Python code, not waiting on any message")
+    _rank["store"].set(whereabouts_key(call_id, comm.rank), where)
 
 
 def leave_group() -> None:

@@ -54,7 +54,12 @@ class _TracedHandle(Handle):
         self._recorded = False
 
     def wait(self) -> None:
-        self._inner.wait()
+        self._comm.waiting_in = (f"{self._kind} {'to' if self._kind == 'send' else 'from'} "
+                                 f"rank {self._peer}")
+        try:
+            self._inner.wait()
+        finally:
+            self._comm.waiting_in = None
         if not self._recorded:
             self._recorded = True
             self._comm._record(self._kind, self._peer, self._nbytes, self._start, self._after)
@@ -72,6 +77,7 @@ class Communicator(ABC):
         self.world_size = world_size
         self.device = torch.device(device)
         self.trace = trace if trace is not None else Trace()
+        self.waiting_in: str | None = None  # the operation this rank is blocked in, if any
         self._completed = 0
 
     # -- point to point -------------------------------------------------------------------
@@ -94,7 +100,11 @@ class Communicator(ABC):
 
     def barrier(self) -> None:
         start, after = time.monotonic(), self._completed
-        self.world_barrier()
+        self.waiting_in = "barrier"
+        try:
+            self.world_barrier()
+        finally:
+            self.waiting_in = None
         self._record("barrier", -1, 0, start, after)
 
     # -- collectives: simple, correct defaults over point-to-point ------------------------

@@ -115,10 +115,13 @@ class TorchCommunicator(Communicator):
 
     def _collective(self, name: str, nbytes: int, fn, *args) -> None:
         start, after = time.monotonic(), self._completed
+        self.waiting_in = name
         try:
             fn(*args)
         except RuntimeError as e:
             raise self._translate(e, name) from e
+        finally:
+            self.waiting_in = None
         self._record(name, -1, nbytes, start, after)
 
     def _translate(self, error: RuntimeError, what: str) -> CommError:
