@@ -10,22 +10,30 @@ def _ranks(ranks: list[int]) -> str:
 class RankFailure(RuntimeError):
     """One or more ranks raised.
 
-    `ranks`: the ranks that raised; `failures`: their traceback text by rank; `exceptions`:
-    the exception objects; `still_running`: ranks that had not finished a while after the
-    failure, usually because they were waiting on a message from a failed rank.
+    `ranks`: the ranks whose failure is a cause (their own exception, or their engine died);
+    `consequences`: ranks that failed only in communicating with a failed rank;
+    `failures`: the traceback text of both, by rank; `exceptions`: the exception objects,
+    where they could be brought back; `still_running`: ranks that had not finished a while
+    after the failure, usually because they were waiting on a message from a failed rank.
     """
 
     def __init__(self, failures: dict[int, str], exceptions: dict[int, BaseException] | None = None,
-                 still_running: list[int] | None = None):
+                 still_running: list[int] | None = None, consequences: set[int] | None = None):
         self.failures = dict(sorted(failures.items()))
         self.exceptions = exceptions or {}
-        self.ranks = list(self.failures)
+        causes = [r for r in self.failures if r not in (consequences or set())]
+        self.ranks = causes or list(self.failures)
+        self.consequences = [r for r in self.failures if r not in self.ranks]
         self.still_running = sorted(still_running or [])
         lines = [f"{_ranks(self.ranks)} failed"]
+        if self.consequences:
+            lines.append(f"{_ranks(self.consequences)} then failed in communication with it")
         if self.still_running:
+            were = "were" if len(self.still_running) > 1 else "was"
             lines.append(f"{_ranks(self.still_running)} had not finished (waiting on a failed "
-                         f"rank?) and were stopped")
-        lines += [f"--- rank {r} ---\n{tb.rstrip()}" for r, tb in self.failures.items()]
+                         f"rank?) and {were} stopped")
+        order = self.ranks + self.consequences
+        lines += [f"--- rank {r} ---\n{self.failures[r].rstrip()}" for r in order]
         super().__init__("\n".join(lines))
 
 

@@ -95,6 +95,23 @@ def test_ranks_waiting_on_a_failed_rank_are_named_and_replaced(cluster):
     assert wait_until_dead(engines_before) == []
 
 
+def exit_on_rank_one(comm):
+    if comm.rank == 1:
+        __import__("os")._exit(3)
+    comm.all_reduce(torch.ones(1))
+
+
+def test_an_engine_that_dies_is_named_and_replaced(cluster):
+    dead = cluster.ranks[1]["pid"]
+    with pytest.raises(RankFailure) as info:
+        cluster.run(exit_on_rank_one)
+    assert info.value.ranks == [1]
+    assert "the engine process died" in info.value.failures[1]
+    assert set(info.value.consequences + info.value.still_running) == {0, 2, 3}
+    assert cluster.ranks[1]["pid"] != dead
+    assert cluster.run(lambda comm: comm.world_size) == [4, 4, 4, 4]
+
+
 def deadlocked_recv(comm):
     if comm.rank == 0:
         comm.recv(torch.empty(1), 1)  # rank 1 never sends

@@ -338,14 +338,16 @@ def test_peer_that_raised_is_listed_with_its_exception():
 
     err, elapsed = run_failing(SimulatedWorld(2, timeout=5.0), fn)
     assert elapsed < 5.0
-    assert err.ranks == [0, 1]
+    assert err.ranks == [0]  # the cause; rank 1 only failed to hear from it
+    assert err.consequences == [1]
+    assert str(err).startswith("rank 0 failed\nrank 1 then failed in communication with it")
     assert isinstance(err.exceptions[0], ValueError)
     assert "ValueError: boom in rank zero" in err.failures[0]
     assert isinstance(err.exceptions[1], PeerFailed)
     assert "PeerFailed" in err.failures[1]
     assert "rank 0 failed (ValueError: boom in rank zero)" in str(err.exceptions[1])
     text = str(err)
-    assert "ranks 0, 1 failed" in text
+    assert "rank 0 failed" in text
     assert "--- rank 0 ---" in text and "--- rank 1 ---" in text
 
 

@@ -220,10 +220,15 @@ def test_both_send_first_times_out_on_both_ranks():
     assert all(run.checks[name][r][0] == "ok" for name, _, _ in CHECKS for r in (0, 1))
     reports = run.checks["deadlock"]
     assert sorted(reports) == [0, 1]
+    kinds = []
     for r in (0, 1):
         status, (kind, message), _ = reports[r]
-        assert (status, kind) == ("error", "CommTimeout"), message
-        assert message.startswith(f"rank {r}: send to rank {1 - r} did not complete within 3 s")
+        kinds.append(kind)
+        assert status == "error" and kind in ("CommTimeout", "CommError"), message
+        assert message.startswith(f"rank {r}: send to rank {1 - r} ")
+    # The first rank to time out closes the connection, so under load its peer may see the
+    # closure ("failed: ... Connection closed by peer") a moment before its own timeout.
+    assert "CommTimeout" in kinds
 
 
 def test_every_child_exited(gloo_run):

@@ -23,6 +23,7 @@ import atexit
 import datetime
 import logging
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ from . import engine
 from .forked_engines import ForkedEngineSetLauncher
 
 DEFAULT_TIMEOUT = 60.0
-FAILURE_GRACE = 5.0  # seconds the other ranks get to finish once one rank has failed
+FAILURE_GRACE = 2.0  # seconds the other ranks get to finish once one rank has failed
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -161,14 +162,15 @@ class Cluster:
         done, failures, exceptions = self._collect(pending, timeout)
         hung = [rank for rank in pending if rank not in done and rank not in failures]
         whereabouts = self._whereabouts(self._calls, hung) if hung and not failures else {}
-        if hung or any(_is_comm_error(e) for e in exceptions.values()):
+        if hung or any(_breaks_the_group(e) for e in exceptions.values()):
             self.restart()
         if failures:
-            raise RankFailure(failures, exceptions, still_running=hung)
+            raise RankFailure(failures, exceptions, still_running=hung, consequences={
+                r for r, e in exceptions.items() if _failed_in_communication(e)})
         if hung:
             raise RankTimeout(hung, timeout, whereabouts)
-        self.trace = Trace.merge([Trace(list(events)) for _, events in done.values()])
-        return [done[rank][0] for rank in range(self.n)]
+        self.trace = Trace.merge([Trace(list(d["events"])) for d in done.values()])
+        return [done[rank]["result"] for rank in range(self.n)]
 
     def _whereabouts(self, call_id: int, ranks: list[int]) -> dict[int, str]:
         """What each hung rank reported it was blocked in, read from the group's store."""
@@ -183,7 +185,7 @@ class Cluster:
 
     def _collect(self, pending: dict[int, Any], timeout: float):
         """Wait for every rank's result, until `timeout`, or `FAILURE_GRACE` after a failure."""
-        done: dict[int, tuple[Any, list]] = {}
+        done: dict[int, dict[str, Any]] = {}
         failures: dict[int, str] = {}
         exceptions: dict[int, BaseException] = {}
         deadline = time.monotonic() + timeout
@@ -192,15 +194,31 @@ class Cluster:
                 if rank in done or rank in failures or not ar.ready():
                     continue
                 try:
-                    done[rank] = ar.get()
+                    outcome = ar.get()
                 except (ipp.RemoteError, ipp.error.EngineError) as e:
-                    failures[rank], exceptions[rank] = _failure_text(e), e
+                    outcome = {"error": _failure_text(e), "exception": e}
+                if "error" in outcome:
+                    failures[rank] = outcome["error"]
+                    exceptions[rank] = outcome["exception"] or RuntimeError(outcome["error"])
                     deadline = min(deadline, time.monotonic() + FAILURE_GRACE)
+                else:
+                    done[rank] = outcome
+            for rank in self._dead_engines(set(pending) - set(done) - set(failures)):
+                failures[rank] = ("the engine process died (os._exit, a crash, or out of "
+                                  "memory) before the call returned")
+                exceptions[rank] = ipp.error.EngineError(failures[rank])
+                deadline = min(deadline, time.monotonic() + FAILURE_GRACE)
             waiting = [ar for r, ar in pending.items() if r not in done and r not in failures]
             left = deadline - time.monotonic()
             if not waiting or left <= 0:
                 return done, failures, exceptions
             waiting[0].wait(min(0.05, left))
+
+    def _dead_engines(self, ranks: set[int]) -> list[int]:
+        """Ranks whose engine process on this host is gone (faster than the heartbeat)."""
+        here = socket.gethostname()
+        return [r for r in sorted(ranks) if self.ranks[r]["host"] == here
+                and not _running(self.ranks[r]["pid"])]
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -327,6 +345,13 @@ class Cluster:
         return f"Cluster(n={self.n}, {state})"
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _check_gpus(ranks: int, gpus: int, where: str) -> None:
     if ranks > gpus:
         raise ValueError(f"{ranks} GPU ranks requested on {where}, which has {gpus} GPU"
@@ -372,13 +397,20 @@ def _failure_text(e: BaseException) -> str:
     if isinstance(e, ipp.RemoteError):
         text = e.traceback if isinstance(e.traceback, str) else "\n".join(e.traceback or [])
         return _ANSI.sub("", text) or f"{e.ename}: {e.evalue}"
-    return f"the engine died: {e}"
+    return f"the engine died (os._exit, a crash, or out of memory): {e}"
 
 
-def _is_comm_error(e: BaseException) -> bool:
+def _failed_in_communication(e: BaseException) -> bool:
+    """A communication error, which a failure of the peer usually explains."""
+    return _breaks_the_group(e) and not isinstance(e, ipp.error.EngineError)
+
+
+def _breaks_the_group(e: BaseException) -> bool:
+    """A dead engine, or a failed message: gloo's connections cannot be trusted after it."""
     name = getattr(e, "ename", type(e).__name__)
-    return name in ("CommError", "CommTimeout", "DeadlockError", "MismatchError", "PeerFailed",
-                    "DistBackendError", "DistNetworkError")
+    return isinstance(e, ipp.error.EngineError) or name in (
+        "CommError", "CommTimeout", "DeadlockError", "MismatchError", "PeerFailed",
+        "DistBackendError", "DistNetworkError")
 
 
 @atexit.register

@@ -7,8 +7,10 @@ an importable module so that engines hold one copy of the rank's state, in `_ran
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import threading
+import traceback
 from typing import Any, Callable
 
 import torch
@@ -52,8 +54,11 @@ def join(rank: int, world_size: int, host: str, port: int, device: str, timeout:
 
 
 def call(fn: Callable[..., Any], args: tuple, kwargs: dict, call_id: int = 0,
-         report_after: float | None = None) -> tuple[Any, list]:
-    """Run `fn(comm, *args, **kwargs)` on this rank; return its result and trace events.
+         report_after: float | None = None) -> dict[str, Any]:
+    """Run `fn(comm, *args, **kwargs)` on this rank.
+
+    Returns {"result", "events"} (its trace), or {"error", "exception"}: a plain traceback
+    text from `fn` down, and the exception itself where it can be pickled.
 
     If the call is still running after `report_after` seconds, a timer thread leaves word in
     the group's store of what this rank is blocked in, for the client's timeout message
@@ -67,11 +72,25 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, call_id: int = 0,
         timer.daemon = True
         timer.start()
     try:
-        result = fn(comm, *args, **kwargs)
+        return {"result": fn(comm, *args, **kwargs), "events": comm.trace.events}
+    except Exception as e:  # noqa: BLE001 - sent back whole, by rank
+        return {"error": _format(e), "exception": _picklable(e)}
     finally:
         if timer is not None:
             timer.cancel()
-    return result, comm.trace.events
+
+
+def _format(e: BaseException) -> str:
+    """The traceback from the user's function down, without this module's frame."""
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
+
+
+def _picklable(e: BaseException) -> BaseException | None:
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def whereabouts_key(call_id: int, rank: int) -> str:

@@ -105,7 +105,8 @@ class SimulatedWorld:
         self._join(threads, failures)
         hung = [r for r, t in enumerate(threads) if t.is_alive()]
         if failures:  # a rank still running here outlived a failure by `timeout` seconds
-            raise RankFailure(failures, exceptions, still_running=hung)
+            raise RankFailure(failures, exceptions, still_running=hung, consequences={
+                r for r, e in exceptions.items() if isinstance(e, PeerFailed)})
         return results
 
     def _join(self, threads: list[threading.Thread], failures: dict[int, str]) -> None:

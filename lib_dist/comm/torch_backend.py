@@ -51,7 +51,7 @@ class _TorchHandle(Handle):
         try:
             self._work.wait()
         except RuntimeError as e:
-            raise self._comm._translate(e, self._what) from e
+            raise self._comm._translate(e, self._what) from None
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
@@ -79,7 +79,7 @@ class TorchCommunicator(Communicator):
         try:
             dist.barrier()
         except RuntimeError as e:
-            raise self._translate(e, "barrier") from e
+            raise self._translate(e, "barrier") from None
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         self._check_peer(src, "broadcast")
@@ -119,7 +119,7 @@ class TorchCommunicator(Communicator):
         try:
             fn(*args)
         except RuntimeError as e:
-            raise self._translate(e, name) from e
+            raise self._translate(e, name) from None
         finally:
             self.waiting_in = None
         self._record(name, -1, nbytes, start, after)
