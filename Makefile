@@ -27,7 +27,7 @@ endif
 install: $(INSTALLED)
 
 demo: $(INSTALLED)
-	$(VPY) -m lib_dist.demo
+	$(VPY) -m grader demo
 
 test: $(INSTALLED)
 	$(VPY) -m pytest $(PYTEST_ARGS)

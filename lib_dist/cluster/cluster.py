@@ -159,7 +159,11 @@ class Cluster:
         pending = {rank: self._client[info["engine"]].apply_async(
             engine.call, fn, args, kwargs, self._calls, timeout * 0.9)
             for rank, info in enumerate(self.ranks)}
-        done, failures, exceptions = self._collect(pending, timeout)
+        try:
+            done, failures, exceptions = self._collect(pending, timeout)
+        except KeyboardInterrupt:  # the kernel was interrupted: engines may still be busy
+            self.restart()
+            raise
         hung = [rank for rank in pending if rank not in done and rank not in failures]
         whereabouts = self._whereabouts(self._calls, hung) if hung and not failures else {}
         if hung or any(_breaks_the_group(e) for e in exceptions.values()):

@@ -1,0 +1,104 @@
+"""Running a submission: one student's bug costs that student a cell, never the whole grade.
+
+nbgrader 0.9 executes a submission with nbclient and, if the kernel dies (a student's
+`os._exit`, a segfault, the memory limit), throws the whole submission away. `GradedExecute`
+instead records why the cell failed, marks the cells after it as not run (each worth zero),
+and lets nbgrader score everything that did run. A cell that times out and whose kernel will
+not come back after the interrupt is treated the same way.
+
+nbgrader also scores any stderr output in a test cell as a failure; torch's warnings and
+`%%px` echoing an engine's stderr would zero passing tests. `TestStderrIsNotAFailure` turns a
+test cell's stderr into ordinary output: a failing test still fails by raising.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from jupyter_core.utils import ensure_async, run_sync
+from nbclient.exceptions import DeadKernelError
+from nbformat.notebooknode import NotebookNode
+from nbgrader import utils
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+
+RECOVERY_SECONDS = 10
+
+
+def error_output(ename: str, evalue: str) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue,
+                        traceback=[f"{ename}: {evalue}"])
+
+
+class GradedExecute(Execute):
+    """nbgrader's Execute, surviving a dead or stuck kernel (see the module docstring)."""
+
+    _stopped_at: int | None = None
+    _stop_reason: str = ""
+    _where: str = ""
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._stopped_at, self._stop_reason = None, ""
+        return super().preprocess(nb, resources, km)
+
+    def preprocess_cell(self, cell: NotebookNode, resources, index: int):
+        if cell.cell_type != "code":
+            return cell, resources
+        if self._stopped_at is not None:
+            cell.outputs = [error_output("NotRun", f"not run: {self._stop_reason} in "
+                                                   f"{self._where}")]
+            return cell, resources
+        try:
+            cell, resources = super().preprocess_cell(cell, resources, index)
+        except DeadKernelError:
+            self._stop(cell, index, "KernelDied", "the kernel died",
+                       "the kernel died while running this cell (os._exit, a crash, or "
+                       "running out of memory); the cells after it were not run")
+            return cell, resources
+        if _timed_out(cell) and not run_sync(self._kernel_recovers)():
+            self._stop(cell, index, "CellTimeoutError", "the kernel stopped responding",
+                       f"this cell ran for more than {self.timeout} s and the kernel did not "
+                       "respond to an interrupt; the cells after it were not run")
+            run_sync(self._kill_kernel)()
+        return cell, resources
+
+    def _stop(self, cell: NotebookNode, index: int, ename: str, reason: str, text: str) -> None:
+        self._stopped_at, self._stop_reason = index, reason
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        self._where = f"cell {index + 1}" + (f" ({grade_id})" if grade_id else "")
+        cell.outputs.append(error_output(ename, text))
+        self.nb["cells"][index] = cell
+
+    async def _kernel_recovers(self) -> bool:
+        """After an interrupt, does the kernel answer a trivial request within a few seconds?"""
+        deadline = asyncio.get_running_loop().time() + RECOVERY_SECONDS
+        try:
+            msg_id = self.kc.execute("pass", silent=True, store_history=False)
+            while True:  # the interrupted cell's own reply may come first
+                left = deadline - asyncio.get_running_loop().time()
+                reply = await ensure_async(self.kc.get_shell_msg(timeout=max(left, 0.01)))
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    return True
+        except Exception:  # noqa: BLE001 - no reply in time, or no kernel: not recovered
+            return False
+
+    async def _kill_kernel(self) -> None:
+        try:
+            await ensure_async(self.km.kill_kernel())
+        except Exception:  # noqa: BLE001 - already gone is fine
+            pass
+
+
+def _timed_out(cell: NotebookNode) -> bool:
+    return any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError"
+               for o in cell.get("outputs", []))
+
+
+class TestStderrIsNotAFailure(NbGraderPreprocessor):
+    """Show a test cell's stderr as ordinary output, so that only exceptions fail a test."""
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell):
+            for output in cell.outputs:
+                if output.output_type == "stream" and output.name == "stderr":
+                    output.name = "stdout"
+        return cell, resources

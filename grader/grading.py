@@ -1,0 +1,131 @@
+"""Release labs and autograde submissions through nbgrader's Python API."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from nbgrader.api import Gradebook, MissingEntry
+from sqlalchemy.exc import SAWarning
+from tqdm import tqdm
+
+from .course import Course
+from .errors import GradingError
+from .processes import become_subreaper, descendants, sweep
+
+# nbgrader 0.9's gradebook trips SQLAlchemy 2's autoflush warnings on every submission.
+warnings.filterwarnings("ignore", category=SAWarning)
+
+
+@dataclass(frozen=True)
+class Submission:
+    student: str
+    lab: str
+    path: Path
+
+
+@dataclass(frozen=True)
+class Outcome:
+    submission: Submission
+    score: float | None
+    max_score: float | None
+    seconds: float
+    strays: int  # processes the submission left behind, ended by the grader
+    error: str = ""
+
+
+def release(course: Course, labs: list[str] | None = None) -> list[str]:
+    """Generate labs/<lab>/ from solutions/<lab>/ for each lab (default: all)."""
+    labs = labs or course.lab_names()
+    for lab in labs:
+        course.check_lab(lab)
+        _check_notebook(course.source_notebook(lab))
+    for lab in labs:
+        result = course.api().generate_assignment(lab, force=True, create=True)
+        if not result["success"]:
+            raise GradingError(f"nbgrader could not release {lab}:\n{result.get('error', '')}"
+                               f"\n{result.get('log', '')}")
+    return labs
+
+
+def find_submissions(course: Course, folder: Path) -> tuple[list[Submission], list[str]]:
+    """Submissions in nbgrader's layout (<student>/<lab>/<lab>.ipynb) or a flat one
+    (<student>/<lab>.ipynb). Returns them, and one message per file that cannot be graded."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise GradingError(f"no folder of submissions at {folder}")
+    labs = set(course.lab_names())
+    found, problems = [], []
+    for path in sorted(folder.glob("*/*.ipynb")) + sorted(folder.glob("*/*/*.ipynb")):
+        if ".ipynb_checkpoints" in path.parts:
+            continue
+        student = path.relative_to(folder).parts[0]
+        if path.stem not in labs:
+            problems.append(f"{path}: no lab named {path.stem!r} (labs: {', '.join(sorted(labs))})")
+            continue
+        try:
+            _check_notebook(path)
+        except GradingError as e:
+            problems.append(str(e))
+            continue
+        found.append(Submission(student, path.stem, path))
+    if not found and not problems:
+        raise GradingError(f"no notebooks in {folder}: expected <student>/<lab>.ipynb or "
+                           f"<student>/<lab>/<lab>.ipynb")
+    return found, problems
+
+
+def autograde(course: Course, submissions: list[Submission], progress: bool = True
+              ) -> list[Outcome]:
+    """Grade each submission in turn; whatever one does, the next starts clean."""
+    become_subreaper()
+    outcomes = []
+    bar = tqdm(submissions, desc="autograde", unit="submission", disable=not progress)
+    for sub in bar:
+        bar.set_postfix_str(f"{sub.student}/{sub.lab}")
+        outcomes.append(_grade_one(course, sub))
+    return outcomes
+
+
+def _grade_one(course: Course, sub: Submission) -> Outcome:
+    start, before = time.monotonic(), descendants()
+    target = course.submitted_notebook(sub.lab, sub.student)
+    if target.parent.exists():
+        shutil.rmtree(target.parent)
+    target.parent.mkdir(parents=True)
+    shutil.copyfile(sub.path, target)
+    result = course.api().autograde(sub.lab, sub.student, force=True, create=True)
+    strays = sweep(before)
+    error = "" if result["success"] else (result.get("error") or result.get("log") or "failed")
+    score, max_score = scores(course, sub.lab, sub.student) if result["success"] else (None, None)
+    return Outcome(sub, score, max_score, time.monotonic() - start, len(strays), error)
+
+
+def scores(course: Course, lab: str, student: str) -> tuple[float, float]:
+    with Gradebook(course.db_url, course.course_id) as gb:
+        submission = gb.find_submission(lab, student)
+        return submission.score, submission.max_score
+
+
+def cell_scores(course: Course, lab: str, student: str) -> dict[str, float]:
+    """grade_id -> score of every graded cell of the student's submission."""
+    with Gradebook(course.db_url, course.course_id) as gb:
+        try:
+            notebook = gb.find_submission_notebook(lab, lab, student)
+        except MissingEntry:
+            return {}
+        return {g.name: g.score for g in notebook.grades}
+
+
+def _check_notebook(path: Path) -> None:
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except Exception as e:  # noqa: BLE001 - JSON, schema or encoding: all the same to a user
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GradingError(f"{path}: not a valid notebook ({first}); fix or replace the file "
+                           f"and grade it again") from None
