@@ -1,0 +1,267 @@
+"""End-to-end grading of lab00 on real engines: every fixture submission's score, exactly.
+
+One module-scoped run releases lab00 into a scratch course and autogrades every fixture
+submission through the grader, as `python -m grader autograde` does; the tests read its
+gradebook. Each fixture is the instructor's solution with one cell changed.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from grader import synthetic
+from grader.check import check
+from grader.cli import main as cli
+from grader.course import REPO, Course
+from grader.demo import TYPICAL_BUGS
+from grader.feedback import generate
+from grader.grading import autograde, cell_scores, find_submissions, release
+from grader.redact import HIDDEN
+from grader.report import score_table, write
+
+pytestmark = pytest.mark.timeout(900)
+
+LAB = "lab00_ranks"
+FULL = {"q1-test": 1, "q2-test-cluster": 1, "q2-test-sizes": 1, "q3-test-cluster": 2,
+        "q3-test-trace": 2, "q4-test-cluster": 2, "q4-test-sizes": 2, "q5-test-cluster": 1,
+        "q5-test-float64": 1}
+ZERO = dict.fromkeys(FULL, 0)
+
+
+def answer(body: str) -> str:
+    return body.strip() + "\n"
+
+
+EXIT_ON_ENGINE = answer("""
+import os
+def square_of_rank(comm):
+    if comm.rank == 2:
+        os._exit(1)
+    return comm.rank ** 2
+""")
+RAISE_ON_ONE_RANK = answer("""
+def sum_over_ranks(comm, value):
+    if comm.rank == 1:
+        raise RuntimeError("rank 1 lost its value")
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    comm.all_reduce(t)
+    return t.item()
+""")
+RECV_THAT_NEVER_COMES = answer("""
+def swap_with_partner(comm, t):
+    received = torch.empty_like(t)
+    if comm.rank == 0:
+        comm.recv(received, 1)  # rank 1 never sends: rank 0 waits forever
+        return received
+    return t.clone()
+""")
+NOISY_MEAN = answer("""
+import sys
+def mean_over_ranks(comm, t):
+    print(f"rank {comm.rank}: averaging {t.numel()} values", file=sys.stderr)
+    return comm.all_reduce(t, op="avg")
+""")
+NOISY_WRONG_MEAN = answer("""
+import sys
+def mean_over_ranks(comm, t):
+    print(f"rank {comm.rank}: summing instead", file=sys.stderr)
+    return comm.all_reduce(t, op="sum")
+""")
+DETACHED_SLEEPER = answer("""
+import subprocess
+SLEEPER = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+def square_of_rank(comm):
+    return comm.rank ** 2
+""")
+
+
+def fixtures(course: Course) -> dict[str, tuple[nbformat.NotebookNode, dict[str, int]]]:
+    """student -> (submission, expected score of each test cell)."""
+    solved = synthetic.solved(course, LAB)
+    cell = synthetic.with_cell
+    return {
+        "full": (solved, FULL),
+        "blank": (synthetic.blank(course, LAB), ZERO),
+        "buggy": (cell(solved, *TYPICAL_BUGS[LAB]),
+                  FULL | {"q3-test-cluster": 0, "q3-test-trace": 0}),
+        "endless": (cell(solved, "q1-solution", "while True:\n    pass\n"), FULL | {"q1-test": 0}),
+        "deadlock": (cell(solved, "q4-solution", RECV_THAT_NEVER_COMES),
+                     FULL | {"q4-test-cluster": 0, "q4-test-sizes": 0}),
+        "engine_exit": (cell(solved, "q1-solution", EXIT_ON_ENGINE), FULL | {"q1-test": 0}),
+        "kernel_exit": (cell(solved, "q3-solution", "import os\nos._exit(1)\n"),
+                        ZERO | {"q1-test": 1, "q2-test-cluster": 1, "q2-test-sizes": 1}),
+        "one_rank_raises": (cell(solved, "q2-solution", RAISE_ON_ONE_RANK),
+                            FULL | {"q2-test-cluster": 0, "q2-test-sizes": 0}),
+        "edited_test": (cell(cell(solved, "q1-solution",
+                                  "def square_of_rank(comm):\n    return comm.rank\n"),
+                             "q1-test", "assert True  # trust me\n"), FULL | {"q1-test": 0}),
+        "deleted_test": (synthetic.without_cell(solved, "q5-test-cluster"), FULL),
+        "stderr": (cell(solved, "q5-solution", NOISY_MEAN), FULL),
+        "stderr_wrong": (cell(solved, "q5-solution", NOISY_WRONG_MEAN),
+                         FULL | {"q5-test-cluster": 0, "q5-test-float64": 0}),
+        "detached": (cell(solved, "q1-solution", DETACHED_SLEEPER), FULL),
+    }
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("course")
+    course = Course(root, cell_timeout=20)
+    shutil.copytree(REPO / "solutions", course.solutions)
+    release(course, [LAB])
+    cases = fixtures(course)
+    folder = root / "incoming"
+    for student, (nb, _) in cases.items():
+        synthetic.save(nb, folder, student, LAB)
+    subs, problems = find_submissions(course, folder)
+    assert problems == []
+    outcomes = {o.submission.student: o for o in autograde(course, subs, progress=False)}
+    return course, cases, outcomes
+
+
+STUDENTS = ["full", "blank", "buggy", "endless", "deadlock", "engine_exit", "kernel_exit",
+            "one_rank_raises", "edited_test", "deleted_test", "stderr", "stderr_wrong",
+            "detached"]
+
+
+@pytest.mark.parametrize("student", STUDENTS)
+def test_each_submission_scores_exactly(graded, student):
+    course, cases, outcomes = graded
+    outcome = outcomes[student]
+    assert outcome.error == "", outcome.error
+    expected = cases[student][1]
+    assert cell_scores(course, LAB, student) == pytest.approx(expected)
+    assert outcome.score == sum(expected.values())
+    assert outcome.max_score == sum(FULL.values())
+
+
+def outputs(course: Course, student: str) -> dict[str, str]:
+    nb = nbformat.read(course.autograded_notebook(LAB, student), as_version=4)
+    return {c.metadata["nbgrader"]["grade_id"]: "\n".join(
+        f"{o.get('ename', '')}: {o.get('evalue', '')}" if o.output_type == "error"
+        else o.get("text", "") for o in c.get("outputs", []))
+        for c in nb.cells if c.cell_type == "code" and "nbgrader" in c.metadata}
+
+
+def test_failures_are_explained_where_they_happened(graded):
+    course = graded[0]
+    assert "did not finish within 10 s" in outputs(course, "deadlock")["q4-test-cluster"]
+    assert "rank 0: waiting in recv from rank 1" in outputs(course, "deadlock")["q4-test-cluster"]
+    assert "rank 2 failed" in outputs(course, "engine_exit")["q1-test"]
+    assert "RankFailure: rank 1 failed" in outputs(course, "one_rank_raises")["q2-test-cluster"]
+    assert "CellTimeoutError" in outputs(course, "endless")["q1-solution"]
+    died = outputs(course, "kernel_exit")
+    assert "KernelDied" in died["q3-solution"]
+    assert "not run: the kernel died in cell" in died["q5-test-cluster"]
+
+
+def test_a_passing_test_keeps_its_stderr_visible_but_unscored(graded):
+    course = graded[0]
+    assert "rank 0: averaging" in outputs(course, "stderr")["q5-test-float64"]
+
+
+def test_an_edited_or_deleted_test_is_graded_as_shipped(graded):
+    course = graded[0]
+    nb = nbformat.read(course.autograded_notebook(LAB, "edited_test"), as_version=4)
+    q1 = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "q1-test")
+    assert "trust me" not in q1.source
+    restored = nbformat.read(course.autograded_notebook(LAB, "deleted_test"), as_version=4)
+    assert "q5-test-cluster" in {c.metadata.get("nbgrader", {}).get("grade_id")
+                                 for c in restored.cells}
+
+
+def test_no_process_outlives_its_submission(graded):
+    outcomes = graded[2]
+    assert outcomes["detached"].strays >= 1  # the detached sleep, ended by the grader
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if any(k in " ".join(p.info["cmdline"] or [])
+                        for k in ("forked_engines", "ipyparallel", "sleep 1000"))]
+    assert leftovers == []
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_feedback_shows_scores_but_not_hidden_tests(graded):
+    course = graded[0]
+    source = nbformat.read(course.source_notebook(LAB), as_version=4)
+    hidden = [line.strip() for c in source.cells for m in HIDDEN.finditer(c.source)
+              for line in m.group(0).splitlines()
+              if len(line.strip()) > 20 and "###" not in line]
+    assert hidden
+    autograded = course.autograded_notebook(LAB, "buggy").read_text()
+    assert any(line in autograded for line in hidden)  # the grader did run them
+    (page,) = generate(course, LAB, ["buggy"])
+    text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+    assert [line for line in hidden if line in text] == []
+    assert "hidden tests ran here" in text
+    assert "Score: 9.0" in text or "9.0 / 13.0" in text or "9 / 13" in text
+
+
+def test_report_has_every_student_and_a_figure(graded, tmp_path):
+    course, cases, _ = graded
+    labs, table = score_table(course)
+    assert labs == [LAB]
+    for student, (_, expected) in cases.items():
+        assert table[student][LAB] == sum(expected.values())
+    csv_path, png_path = write(course, tmp_path)
+    rows = csv_path.read_text().splitlines()
+    assert rows[0] == f"student,{LAB}" and "buggy,9" in rows
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def gradebook_rows(course: Course) -> list:
+    path = course.db_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        return db.execute("select * from grade order by id").fetchall()
+
+
+def test_bad_input_is_named_and_loses_nothing(graded, tmp_path, capsys):
+    course = graded[0]
+    before = gradebook_rows(course)
+    folder = tmp_path / "bad"
+    (folder / "mallory").mkdir(parents=True)
+    (folder / "mallory" / f"{LAB}.ipynb").write_text('{"cells": [')
+    (folder / "trudy").mkdir()
+    shutil.copy(course.released_notebook(LAB), folder / "trudy" / "lab99.ipynb")
+    code = cli(["--root", str(course.root), "autograde", str(folder)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"mallory/{LAB}.ipynb: not a valid notebook" in err
+    assert "trudy/lab99.ipynb: no lab named 'lab99'" in err
+    assert gradebook_rows(course) == before
+    assert cli(["--root", str(course.root), "release", "lab99"]) == 2
+    assert "unknown lab 'lab99'" in capsys.readouterr().err
+    assert cli(["--root", str(course.root), "autograde", str(tmp_path / "nowhere")]) == 2
+    assert "no folder of submissions" in capsys.readouterr().err
+
+
+def test_check_passes_on_the_repository_and_catches_a_stale_release(tmp_path):
+    course = Course(tmp_path)
+    shutil.copytree(REPO / "solutions", course.solutions)
+    shutil.copytree(REPO / "labs", course.labs)
+    assert check(course, progress=False) == []
+    stale = course.released_notebook(LAB)
+    nb = nbformat.read(stale, as_version=4)
+    nb.cells[0].source += "\nedited by hand"
+    nbformat.write(nb, stale)
+    (course.labs / "lab42").mkdir()
+    problems = check(course, progress=False)
+    assert f"labs/{LAB}/{LAB}.ipynb differs from its release: run `python -m grader release " \
+           f"{LAB}`" in problems
+    assert "labs/lab42 has no source in solutions/" in problems
+
+
+def test_the_cli_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "grader", "--help"], capture_output=True,
+                         text=True, check=True)
+    for command in ("release", "check", "autograde", "feedback", "report", "demo"):
+        assert command in out.stdout
