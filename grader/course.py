@@ -105,12 +105,12 @@ class Course:
     def api(self) -> NbGraderAPI:
         if self._api is None:
             self.work.mkdir(parents=True, exist_ok=True)
-            _put_own_scripts_on_path()
+            put_own_scripts_on_path()
             self._api = NbGraderAPI(config=self.config())
         return self._api
 
 
-def _put_own_scripts_on_path() -> None:
+def put_own_scripts_on_path() -> None:
     """nbgrader runs `alembic` by name when it creates a gradebook: find ours, venv or not."""
     scripts = str(Path(sys.executable).parent)
     if scripts not in os.environ.get("PATH", "").split(os.pathsep):

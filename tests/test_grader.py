@@ -265,3 +265,15 @@ def test_the_cli_runs_as_a_module():
                          text=True, check=True)
     for command in ("release", "check", "autograde", "feedback", "report", "demo"):
         assert command in out.stdout
+
+
+def test_plain_nbgrader_reads_the_course_config(tmp_path):
+    env = {**__import__("os").environ, "JUPYTER_CONFIG_PATH": str(REPO / "grader"),
+           "LIB_DIST_GRADEBOOK": f"sqlite:///{tmp_path}/gradebook.db",
+           "PATH": f"{Path(sys.executable).parent}:{__import__('os').environ['PATH']}"}
+    out = subprocess.run([str(Path(sys.executable).parent / "nbgrader"), "db", "student", "add",
+                          "ada", "--last-name", "Lovelace"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    with sqlite3.connect(tmp_path / "gradebook.db") as db:
+        assert db.execute("select id, last_name from student").fetchall() == [("ada", "Lovelace")]
