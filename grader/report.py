@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import statistics
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 from nbgrader.api import Gradebook, MissingEntry  # noqa: E402
 
 from .course import Course  # noqa: E402
@@ -63,10 +65,13 @@ def _plot(labs: list[str], table: dict, path: Path) -> None:
     maxima = table["(max)"]
     for ax, lab in zip(axes[0], labs):
         got = [row[lab] for s, row in table.items() if s != "(max)" and row[lab] is not None]
-        ax.hist(got, bins=min(10, max(len(set(got)), 1)), range=(0, maxima[lab] or 1),
-                color="#4c72b0", edgecolor="white")
-        ax.set_title(f"{lab}  (n={len(got)})")
-        ax.set_xlabel(f"score out of {maxima[lab]:g}")
+        top = maxima[lab] or 1
+        ax.hist(got, bins=[x - 0.5 for x in range(int(top) + 2)], color="#4c72b0",
+                edgecolor="white")
+        ax.set_xlim(-0.5, top + 0.5)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"{lab}  (n={len(got)}, median {statistics.median(got) if got else 0:g})")
+        ax.set_xlabel(f"score out of {top:g}")
         ax.set_ylabel("students")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
