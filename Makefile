@@ -11,7 +11,7 @@ VPY := $(VENV)/bin/python
 VPIP := $(VENV)/bin/pip
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean sandbox-tool
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +26,19 @@ endif
 
 install: $(INSTALLED)
 
-demo: $(INSTALLED)
+demo: $(INSTALLED) sandbox-tool
 	$(VPY) -m grader demo
 
-test: $(INSTALLED)
+test: $(INSTALLED) sandbox-tool
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# The grader runs each submission in bubblewrap (Debian package `bubblewrap`).
+sandbox-tool:
+	@command -v bwrap >/dev/null || { \
+		echo "installing bubblewrap, the grader's sandbox"; \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }; }
 
 bench: $(INSTALLED)
 	@set -e; for f in $(wildcard benchmarks/*.py); do \

@@ -16,11 +16,14 @@ from pathlib import Path
 
 from .course import REPO, Course
 from .errors import GradingError
+from .sandbox import Limits
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    course = Course(args.root, db_url=args.db, cell_timeout=args.cell_timeout)
+    limits = Limits(args.memory_mb, args.total_memory_mb, args.processes, args.file_size_mb)
+    course = Course(args.root, db_url=args.db, cell_timeout=args.cell_timeout,
+                    sandbox=not args.no_sandbox, limits=limits)
     try:
         return args.command(course, args) or 0
     except (GradingError, ValueError) as e:
@@ -92,6 +95,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--root", type=Path, default=REPO, help="course directory (default: the repo)")
     p.add_argument("--db", help="gradebook SQLAlchemy URL (default: instructor/gradebook.db)")
     p.add_argument("--cell-timeout", type=int, default=120, help="seconds per cell (default 120)")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="run student code WITHOUT isolation, with the instructor's rights")
+    d = Limits()
+    p.add_argument("--memory-mb", type=int, default=d.memory_mb, help="per process, sandboxed")
+    p.add_argument("--total-memory-mb", type=int, default=d.total_memory_mb,
+                   help="per submission, sandboxed")
+    p.add_argument("--processes", type=int, default=d.processes,
+                   help="processes and threads per submission, sandboxed")
+    p.add_argument("--file-size-mb", type=int, default=d.file_size_mb, help="per file, sandboxed")
     sub = p.add_subparsers(required=True, metavar="COMMAND")
     c = sub.add_parser("release", help="generate labs/ from solutions/")
     c.add_argument("labs", nargs="*")

@@ -5,6 +5,8 @@
     instructor/                   submitted/, autograded/, feedback/, reports, gradebook.db
                                   (ignored by git: student work never enters the repository)
 
+Submissions run in a sandbox (`grader.sandbox`) unless `sandbox=False`.
+
 The gradebook is nbgrader's SQLite file in `instructor/` unless `db_url` (or the environment
 variable LIB_DIST_GRADEBOOK) names another SQLAlchemy URL, such as a PostgreSQL database that
 several graders share: `postgresql://user:password@host/gradebook`.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
@@ -25,6 +27,7 @@ from traitlets.config import Config
 
 from .execute import GradedExecute, TestStderrIsNotAFailure
 from .redact import RedactHiddenTests
+from .sandbox import Limits
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = "instructor"
@@ -38,6 +41,8 @@ class Course:
     root: Path = REPO
     db_url: str | None = None
     cell_timeout: int = CELL_TIMEOUT
+    sandbox: bool = True
+    limits: Limits = Limits()
     course_id: str = "lib_dist"
     _api: NbGraderAPI | None = field(default=None, repr=False)
 
@@ -94,6 +99,10 @@ class Course:
         c.OverwriteCells.add_missing_cells = True  # a deleted graded cell is graded as shipped
         c.Execute.timeout = self.cell_timeout
         c.Execute.extra_arguments = ["--HistoryManager.hist_file=:memory:", "--log-level=ERROR"]
+        c.GradedExecute.sandbox = self.sandbox
+        c.SandboxedKernelManager.hidden = sorted({str(self.root), str(REPO)})
+        for name, value in asdict(self.limits).items():
+            setattr(c.SandboxedKernelManager, name, value)
         c.Autograde.autograde_preprocessors = [
             GradedExecute, TestStderrIsNotAFailure, ClearMetadataPreprocessor, LimitOutput,
             SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]

@@ -16,10 +16,13 @@ from __future__ import annotations
 import asyncio
 
 from jupyter_core.utils import ensure_async, run_sync
-from nbclient.exceptions import DeadKernelError
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from traitlets import Bool
+
+from .sandbox import SandboxedKernelManager
 
 RECOVERY_SECONDS = 10
 
@@ -32,9 +35,15 @@ def error_output(ename: str, evalue: str) -> NotebookNode:
 class GradedExecute(Execute):
     """nbgrader's Execute, surviving a dead or stuck kernel (see the module docstring)."""
 
+    sandbox = Bool(False, help="run each kernel in grader.sandbox").tag(config=True)
     _stopped_at: int | None = None
     _stop_reason: str = ""
     _where: str = ""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.sandbox:
+            self.kernel_manager_class = SandboxedKernelManager
 
     def preprocess(self, nb, resources=None, km=None):
         self._stopped_at, self._stop_reason = None, ""
@@ -49,11 +58,21 @@ class GradedExecute(Execute):
             return cell, resources
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
+        except CellTimeoutError:  # the kernel went silent even after the interrupt
+            cell.outputs.append(error_output("CellTimeoutError", f"this cell ran for more than "
+                                                                 f"{self.timeout} s"))
         except DeadKernelError:
-            self._stop(cell, index, "KernelDied", "the kernel died",
-                       "the kernel died while running this cell (os._exit, a crash, or "
-                       "running out of memory); the cells after it were not run")
+            if self._memory_limit_hit():
+                self._stop(cell, index, "MemoryLimit", "the kernel hit the memory limit",
+                           "the sandbox's memory limit was reached and its kernel was "
+                           "killed; the cells after it were not run")
+            else:
+                self._stop(cell, index, "KernelDied", "the kernel died",
+                           "the kernel died while running this cell (os._exit, a crash, or "
+                           "running out of memory); the cells after it were not run")
             return cell, resources
+        if self.sandbox:
+            explain_limits(cell, self.km)
         if _timed_out(cell) and not run_sync(self._kernel_recovers)():
             self._stop(cell, index, "CellTimeoutError", "the kernel stopped responding",
                        f"this cell ran for more than {self.timeout} s and the kernel did not "
@@ -81,11 +100,36 @@ class GradedExecute(Execute):
         except Exception:  # noqa: BLE001 - no reply in time, or no kernel: not recovered
             return False
 
+    def _memory_limit_hit(self) -> bool:
+        return self.sandbox and self.km is not None and self.km.memory_limit_hit()
+
     async def _kill_kernel(self) -> None:
         try:
             await ensure_async(self.km.kill_kernel())
         except Exception:  # noqa: BLE001 - already gone is fine
             pass
+
+
+LIMITS = (  # what an error says -> which of the sandbox's limits it met
+    (("MemoryError", "can't allocate memory", "Cannot allocate memory", "bad_alloc"),
+     "memory limit", "memory_mb", "MiB per process"),
+    (("Resource temporarily unavailable", "can't start new thread"),
+     "process limit", "processes", "processes and threads"),
+    (("File too large",), "file size limit", "file_size_mb", "MiB per file"),
+)
+
+
+def explain_limits(cell: NotebookNode, km) -> None:
+    """After an error caused by one of the sandbox's limits, say which limit it was."""
+    errors = " ".join(f"{o.get('ename', '')} {o.get('evalue', '')}" for o in cell.outputs
+                      if o.get("output_type") == "error")
+    for needles, name, trait, unit in LIMITS:
+        if errors and any(n in errors for n in needles):
+            cell.outputs.append(NotebookNode(
+                output_type="stream", name="stdout",
+                text=f"[grader] this cell reached the sandbox's {name} "
+                     f"({getattr(km, trait)} {unit})\n"))
+            return
 
 
 def _timed_out(cell: NotebookNode) -> bool:

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from .course import Course
 from .errors import GradingError
 from .processes import become_subreaper, descendants, sweep
+from .sandbox import unavailable
 
 # nbgrader 0.9's gradebook trips SQLAlchemy 2's autoflush warnings on every submission.
 warnings.filterwarnings("ignore", category=SAWarning)
@@ -82,6 +83,8 @@ def find_submissions(course: Course, folder: Path) -> tuple[list[Submission], li
 def autograde(course: Course, submissions: list[Submission], progress: bool = True
               ) -> list[Outcome]:
     """Grade each submission in turn; whatever one does, the next starts clean."""
+    if course.sandbox and (problem := unavailable()):
+        raise GradingError(f"cannot isolate submissions: {problem}")
     become_subreaper()
     outcomes = []
     bar = tqdm(submissions, desc="autograde", unit="submission", disable=not progress)

@@ -9,6 +9,7 @@ there before the submission started.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 import psutil
@@ -27,11 +28,13 @@ def become_subreaper() -> bool:
 
 
 def descendants() -> dict[int, float]:
-    """pid -> start time of every living descendant of this process."""
+    """pid -> start time of every living descendant of this process (zombies are reaped)."""
+    _reap_zombies()
     found = {}
     for p in psutil.Process().children(recursive=True):
         try:
-            found[p.pid] = p.create_time()
+            if p.status() != psutil.STATUS_ZOMBIE:
+                found[p.pid] = p.create_time()
         except psutil.NoSuchProcess:
             pass
     return found
@@ -41,10 +44,16 @@ def sweep(keep: dict[int, float]) -> list[int]:
     """End every descendant not in `keep` (pid -> start time); return the PIDs ended."""
     strays = {pid: t for pid, t in descendants().items() if keep.get(pid) != t}
     kill_trees(strays, grace=1.0)
-    for p in psutil.Process().children():  # reap our own zombies
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                p.wait(0)
-        except (psutil.NoSuchProcess, psutil.TimeoutExpired):
-            pass
+    _reap_zombies()
     return sorted(strays)
+
+
+def _reap_zombies() -> None:
+    """Collect the exit status of orphans adopted as a subreaper, so they vanish."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

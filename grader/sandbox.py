@@ -1,0 +1,182 @@
+"""Each submission runs in a sandbox: its kernel and everything the kernel starts (engines,
+controller, anything a student forks) live in bubblewrap's namespaces.
+
+What a submission can see and do:
+- the installed software, read-only, and a private writable copy of its own folder, at the
+  path nbgrader runs it from; the course directory (solutions, gradebook, other students'
+  work, feedback) is hidden behind an empty tmpfs, and so are the instructor's home and /tmp;
+- its own PID namespace: when its kernel ends, however it ends, every process in the
+  sandbox ends with it (new sessions, double forks and daemons included);
+- its own network namespace with only a loopback interface, which is all the engines need;
+  it talks to the grader over unix sockets in a private folder (ZMQ's ipc transport);
+- a user namespace in which it is nobody, without capabilities; and limits: memory per process (RLIMIT_DATA), memory for the
+  whole sandbox and number of processes and threads (cgroups, where the machine lets us),
+  file size (RLIMIT_FSIZE), and wall time (the grader's timeouts).
+
+bubblewrap is Debian's `bubblewrap` package (`apt-get install bubblewrap`); where it is
+missing the grader refuses to grade unless told `--no-sandbox`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import Int, List, Unicode
+
+NOBODY = 65534
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one submission may use. Memory is per process and for the whole sandbox."""
+
+    memory_mb: int = 3072
+    total_memory_mb: int = 8192
+    processes: int = 512  # processes and threads, as Linux counts them
+    file_size_mb: int = 512
+
+
+def unavailable() -> str | None:
+    """Why sandboxing cannot work on this machine, or None when it can."""
+    if shutil.which("bwrap") is None:
+        return ("bubblewrap is not installed: install it (Debian/Ubuntu: apt-get install "
+                "bubblewrap) or grade without isolation with --no-sandbox")
+    probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net",
+                            "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return (f"bubblewrap cannot create namespaces here ({probe.stderr.strip()}); enable "
+                f"user namespaces, or grade without isolation with --no-sandbox")
+    return None
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager that starts the kernel inside a fresh sandbox (module docstring)."""
+
+    hidden = List(Unicode(), help="folders the submission must not see").tag(config=True)
+    memory_mb = Int(Limits.memory_mb).tag(config=True)
+    total_memory_mb = Int(Limits.total_memory_mb).tag(config=True)
+    processes = Int(Limits.processes).tag(config=True)
+    file_size_mb = Int(Limits.file_size_mb).tag(config=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.private = Path(tempfile.mkdtemp(prefix="lib_dist-sandbox-"))
+        self.transport = "ipc"
+        self.ip = str(self.private / "kernel")
+        self.connection_file = str(self.private / "connection.json")
+        self.cgroups = _make_cgroups(f"lib_dist-{uuid.uuid4().hex[:12]}", self.limits)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.memory_mb, self.total_memory_mb, self.processes, self.file_size_mb)
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
+        cwd = Path(kw.get("cwd") or os.getcwd()).resolve()
+        work = self.private / "work"
+        shutil.copytree(cwd, work)
+        kw["env"] = _sandbox_env(kw.get("env") or dict(os.environ))
+        # A signal would reach bwrap, not the kernel in its own session: ask by message.
+        self.kernel_spec.interrupt_mode = "message"
+        await super()._async_launch_kernel(self._wrap(kernel_cmd, cwd, work), **kw)
+
+    def _wrap(self, kernel_cmd: list[str], cwd: Path, work: Path) -> list[str]:
+        limits = self.limits
+        jail = [sys.executable, "-m", "grader.jail", f"--memory-mb={limits.memory_mb}", f"--file-size-mb={limits.file_size_mb}",
+                f"--processes={limits.processes}"]
+        jail += [f"--cgroup={g}" for g in self.cgroups]
+        bwrap = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                 "--tmpfs", "/tmp", "--dir", "/tmp/home", "--tmpfs", str(Path.home())]
+        for folder in self.hidden:
+            bwrap += ["--tmpfs", folder]
+        for keep in _software_under([*self.hidden, str(Path.home()), "/tmp"]):
+            bwrap += ["--ro-bind", keep, keep]
+        bwrap += ["--bind", str(self.private), str(self.private), "--bind", str(work), str(cwd),
+                  "--chdir", str(cwd), "--unshare-pid", "--unshare-net", "--unshare-ipc",
+                  "--unshare-uts", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
+                  "--die-with-parent", "--new-session",
+                  "--setenv", "JPY_PARENT_PID", "1"]  # bwrap's init: the parent in here
+        return jail + ["--", *bwrap, "--", *kernel_cmd]
+
+    def memory_limit_hit(self) -> bool:
+        """Did the sandbox's cgroup kill a process for memory?"""
+        return any(_oom_kills(g) for g in self.cgroups)
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart)
+        if not restart:
+            _remove_cgroups(self.cgroups)
+            shutil.rmtree(self.private, ignore_errors=True)
+
+
+def _sandbox_env(env: dict[str, str]) -> dict[str, str]:
+    """The kernel's environment, minus the instructor's secrets, with a home of its own."""
+    secret = ("TOKEN", "SECRET", "PASSWORD", "GRADEBOOK", "KEY", "CREDENTIAL")
+    keep = {k: v for k, v in env.items() if not any(s in k.upper() for s in secret)}
+    return keep | {"HOME": "/tmp/home", "JUPYTER_RUNTIME_DIR": "/tmp/home/runtime",
+                   "IPYTHONDIR": "/tmp/home/.ipython", "MPLCONFIGDIR": "/tmp/home/mpl"}
+
+
+def _software_under(masked: list[str]) -> list[str]:
+    """The Python installation and lib_dist's package, where a masked folder holds them
+    (a venv or an editable install inside the repository, a pyenv Python in the home)."""
+    import lib_dist
+
+    needed = {str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix,
+                                                Path(lib_dist.__file__).parent)}
+    return sorted(p for p in needed if any(Path(p).is_relative_to(Path(m)) for m in masked))
+
+
+def _make_cgroups(name: str, limits: Limits) -> list[str]:
+    """Memory and pids cgroups (v1 or v2) for one sandbox; [] where we may not create them."""
+    made = []
+    settings = {
+        "memory": {"memory.limit_in_bytes": limits.total_memory_mb << 20},
+        "pids": {"pids.max": limits.processes},
+    }
+    for controller, values in settings.items():
+        group = CGROUP_ROOT / controller / name
+        try:
+            group.mkdir()
+            for key, value in values.items():
+                (group / key).write_text(str(value))
+            made.append(str(group))
+        except OSError:
+            if group.exists():
+                group.rmdir()
+    if not made and (CGROUP_ROOT / "cgroup.controllers").exists():  # cgroup v2
+        group = CGROUP_ROOT / name
+        try:
+            group.mkdir()
+            (group / "memory.max").write_text(str(limits.total_memory_mb << 20))
+            (group / "pids.max").write_text(str(limits.processes))
+            made.append(str(group))
+        except OSError:
+            pass
+    return made
+
+
+def _oom_kills(group: str) -> int:
+    for name, key in (("memory.oom_control", "oom_kill"), ("memory.events", "oom_kill")):
+        path = Path(group) / name
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.startswith(key + " "):
+                    return int(line.split()[1])
+    return 0
+
+
+def _remove_cgroups(groups: list[str]) -> None:
+    for group in groups:
+        try:
+            Path(group).rmdir()
+        except OSError:
+            pass

@@ -1,0 +1,180 @@
+"""The grader's sandbox, end to end through the CLI: hostile submissions of lab00 on engines.
+
+Each fixture is the instructor's solution with one hostile solution cell. The scores show that
+the rest of the lab still ran; the outputs and the gradebook show what the attack achieved.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from grader import synthetic
+from grader.cli import main as cli
+from grader.course import REPO, Course
+from grader.grading import cell_scores, release
+
+pytestmark = pytest.mark.timeout(600)
+
+LAB = "lab00_ranks"
+FULL = 13
+SQUARE = "def square_of_rank(comm):\n    return comm.rank ** 2\n"
+
+WRITE_EVERY_DB = SQUARE + """
+import os, sqlite3
+from pathlib import Path
+here = Path.cwd()
+candidates = [p for folder in [here, *here.parents] for p in folder.glob("*.db")]
+candidates += list(here.parents[3].rglob("*.db"))  # the whole course directory
+touched = []
+for path in set(candidates):
+    try:
+        with sqlite3.connect(path) as db:
+            db.execute("create table pwned (x)")
+        touched.append(str(path))
+    except Exception:
+        pass
+print("TOUCHED", sorted(touched))
+"""
+READ_SOLUTIONS = SQUARE + f"""
+from pathlib import Path
+here = Path.cwd()
+course = here.parents[3]
+targets = [Path({str(REPO)!r}) / "solutions", course / "solutions", course / "instructor"]
+found = [str(p) for t in targets for p in t.rglob("*") if p.is_file() and here not in p.parents]
+print("FOUND", found)
+"""
+DETACHED = SQUARE + """
+import subprocess
+subprocess.Popen(["sleep", "1000"], start_new_session=True)
+"""
+TOO_MUCH_MEMORY = SQUARE + """
+hog = bytearray(16 * 2**30)
+"""
+FORK_BOMB = SQUARE + """
+import os, time
+children = []
+try:
+    while True:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(1)
+            os._exit(0)
+        children.append(pid)
+finally:
+    for pid in children:
+        os.waitpid(pid, 0)
+    print("FORKED", len(children))
+"""
+BIG_FILE = SQUARE + """
+with open("big.bin", "wb") as f:
+    f.write(b"x" * (8 << 20))
+"""
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    root = tmp_path_factory.mktemp("course")
+    course = Course(root, cell_timeout=60)
+    shutil.copytree(REPO / "solutions", course.solutions)
+    release(course, [LAB])
+    solved = synthetic.solved(course, LAB)
+    folder = root / "incoming"
+    attacks = {"db_writer": WRITE_EVERY_DB, "snoop": READ_SOLUTIONS, "daemon": DETACHED,
+               "hog": TOO_MUCH_MEMORY, "bomb": FORK_BOMB, "big_file": BIG_FILE}
+    for student, source in attacks.items():
+        synthetic.save(synthetic.with_cell(solved, "q1-solution", source), folder, student, LAB)
+    code = cli(["--root", str(root), "--cell-timeout", "60", "--memory-mb", "2048",
+                "--processes", "400", "--file-size-mb", "4", "autograde", str(folder)])
+    return course, code
+
+
+def q1_output(course: Course, student: str) -> str:
+    nb = nbformat.read(course.autograded_notebook(LAB, student), as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id")
+                == "q1-solution")
+    return "\n".join(o.get("text", "") or f"{o.get('ename')}: {o.get('evalue')}"
+                     for o in cell.outputs)
+
+
+def total(course: Course, student: str) -> float:
+    return sum(cell_scores(course, LAB, student).values())
+
+
+def test_every_attack_was_graded(hostile):
+    course, code = hostile
+    assert code == 0
+    for student in ("db_writer", "snoop", "daemon", "hog", "bomb", "big_file"):
+        assert course.autograded_notebook(LAB, student).exists(), student
+
+
+def test_a_submission_cannot_touch_the_gradebook(hostile):
+    course, _ = hostile
+    assert total(course, "db_writer") == FULL
+    gradebook = course.db_url.removeprefix("sqlite:///")
+    with sqlite3.connect(gradebook) as db:
+        tables = {row[0] for row in db.execute("select name from sqlite_master")}
+    assert "pwned" not in tables
+    assert gradebook not in q1_output(course, "db_writer")
+
+
+def test_a_submission_cannot_see_solutions_or_other_students(hostile):
+    course, _ = hostile
+    assert "FOUND []" in q1_output(course, "snoop")
+    assert course.source_notebook(LAB).exists()  # it was there all along
+
+
+def test_a_detached_process_does_not_survive(hostile):
+    course, _ = hostile
+    assert total(course, "daemon") == FULL
+    sleepers = [p for p in psutil.process_iter(["cmdline"])
+                if (p.info["cmdline"] or [])[:2] == ["sleep", "1000"]]
+    assert sleepers == []
+
+
+def test_too_much_memory_fails_that_cell_with_a_memory_limit_message(hostile):
+    course, _ = hostile
+    out = q1_output(course, "hog")
+    assert "MemoryError" in out
+    assert "memory limit (2048 MiB per process)" in out
+    assert total(course, "hog") == FULL  # every test, q1's too, still ran and scored
+
+
+def test_a_fork_bomb_is_contained(hostile):
+    course, _ = hostile
+    out = q1_output(course, "bomb")
+    forked = int(out.split("FORKED")[1].split()[0])
+    assert 0 < forked < 400
+    assert "process limit (400 processes and threads)" in out
+    assert total(course, "bomb") == FULL
+
+
+def test_a_file_beyond_the_size_limit_fails_with_a_file_size_message(hostile):
+    course, _ = hostile
+    out = q1_output(course, "big_file")
+    assert "File too large" in out and "file size limit (4 MiB per file)" in out
+    assert total(course, "big_file") == FULL
+
+
+def test_without_bubblewrap_the_grader_refuses_unless_told(tmp_path, monkeypatch, capsys):
+    course = Course(tmp_path)
+    shutil.copytree(REPO / "solutions", course.solutions)
+    release(course, [LAB])
+    folder = tmp_path / "incoming"
+    synthetic.save(synthetic.with_cell(synthetic.solved(course, LAB), "q1-solution", DETACHED),
+                   folder, "ada", LAB)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert cli(["--root", str(tmp_path), "autograde", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "bubblewrap is not installed" in err and "--no-sandbox" in err
+    monkeypatch.undo()
+    assert cli(["--root", str(tmp_path), "--no-sandbox", "autograde", str(folder)]) == 0
+    assert "1 stray processes ended" in capsys.readouterr().out  # the subreaper's sweep
+    assert [p for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [])[:2] == ["sleep", "1000"]] == []
+
