@@ -1,10 +1,11 @@
 """Autograding throughput: seconds per submission of lab00 (9 graded cells, 4 engines).
 
 Grades N synthetic full-marks submissions through the grader, as `python -m grader autograde`
-does, then the same N submissions of the same lab with the engine cluster swapped for a
-SimulatedWorld of 4 threads (same tests, no processes): the baseline, run in the same process.
-Prints seconds per submission for both, their ratio (the price of real engines), whether the
-time per submission stays flat as the class grows, and the projection to 30 students x 3 labs.
+does (in the sandbox), then the same N without the sandbox, then the same lab with the engine
+cluster swapped for a SimulatedWorld of 4 threads (same tests, no processes), all in the same
+process. Prints seconds per submission for each, the price of the sandbox and of real engines
+as ratios, whether the time per submission stays flat as the class grows, and the projection
+to 30 students x 3 labs.
 
     python benchmarks/grading_throughput.py [--students 6]
 """
@@ -53,8 +54,9 @@ cluster = ThreadCluster(4, timeout=30).start()
 '''
 
 
-def seconds_per_submission(root: Path, students: int, engines: bool) -> list[float]:
-    course = Course(root)
+def seconds_per_submission(root: Path, students: int, engines: bool = True,
+                           sandbox: bool = True) -> list[float]:
+    course = Course(root, sandbox=sandbox)
     shutil.copytree(REPO / "solutions" / LAB, course.solutions / LAB)
     if not engines:
         source = course.source_notebook(LAB)
@@ -76,19 +78,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=6)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        real = seconds_per_submission(Path(a), args.students, engines=True)
-        threads = seconds_per_submission(Path(b), args.students, engines=False)
-    half = len(real) // 2
-    per = statistics.median(real)
+    runs = {}
+    for name, options in (("sandbox", {}), ("no sandbox", {"sandbox": False}),
+                          ("threads", {"engines": False, "sandbox": False})):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs[name] = seconds_per_submission(Path(tmp), args.students, **options)
+    median = {name: statistics.median(times) for name, times in runs.items()}
     print(f"submissions per run: {args.students}")
-    print(f"4 engines:            {per:5.2f} s per submission (median)")
-    print(f"threads, no engines:  {statistics.median(threads):5.2f} s per submission (median)")
-    print(f"ratio engines/threads: {per / statistics.median(threads):.2f}")
+    print(f"4 engines in the sandbox:  {median['sandbox']:5.2f} s per submission (median)")
+    print(f"4 engines, no sandbox:     {median['no sandbox']:5.2f} s")
+    print(f"threads instead of engines: {median['threads']:5.2f} s (no sandbox)")
+    print(f"sandbox / no sandbox:      {median['sandbox'] / median['no sandbox']:.2f}")
+    print(f"engines / threads:         {median['no sandbox'] / median['threads']:.2f}")
+    real = runs["sandbox"]
+    half = len(real) // 2
     print(f"first half {statistics.mean(real[:half]):.2f} s, second half "
           f"{statistics.mean(real[half:]):.2f} s per submission (flat = linear in students)")
-    print(f"projected 30 students x 3 such labs: {90 * per / 60:.1f} min")
-
+    print(f"projected 30 students x 3 such labs: {90 * median['sandbox'] / 60:.1f} min")
 
 if __name__ == "__main__":
     main()
