@@ -196,3 +196,22 @@ def torch_rank_main(rank: int, world_size: int, port: int, timeout: float,
                    pickle.dumps((type(e).__name__, traceback.format_exc())), []))
     finally:
         queue.put((rank, None, "done", b"", []))
+
+
+def assert_same(got, want, where: str = "") -> None:
+    """Exact equality of nested results: tensors by shape, dtype and value."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{where}: got {type(got).__name__}"
+        assert got.shape == want.shape and got.dtype == want.dtype, (
+            f"{where}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}")
+        assert torch.equal(got, want), f"{where}: got {got}, want {want}"
+    elif isinstance(want, dict):
+        assert set(got) == set(want), where
+        for k in want:
+            assert_same(got[k], want[k], f"{where}[{k!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, where

@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import algorithms as alg  # noqa: E402
+from algorithms import assert_same  # noqa: E402
 
 from lib_dist.comm import (  # noqa: E402
     CommError, CommTimeout, DeadlockError, MismatchError, PeerFailed, RankTraffic,
@@ -25,25 +26,6 @@ from lib_dist.errors import RankFailure  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 SIZES = [1, 2, 3, 4, 8]
-
-
-def assert_same(got, want, where: str = "") -> None:
-    """Exact equality of nested results: tensors by shape, dtype and value."""
-    if isinstance(want, torch.Tensor):
-        assert isinstance(got, torch.Tensor), f"{where}: got {type(got).__name__}"
-        assert got.shape == want.shape and got.dtype == want.dtype, (
-            f"{where}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}")
-        assert torch.equal(got, want), f"{where}: got {got}, want {want}"
-    elif isinstance(want, dict):
-        assert set(got) == set(want), where
-        for k in want:
-            assert_same(got[k], want[k], f"{where}[{k!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{where}[{i}]")
-    else:
-        assert got == want, where
 
 
 def run_failing(world: SimulatedWorld, fn, *args) -> tuple[RankFailure, float]:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned children inherit sys.path
 
 import algorithms as alg  # noqa: E402
+from algorithms import assert_same  # noqa: E402
 
 from lib_dist.comm import (  # noqa: E402
     CommError, Event, RankTraffic, SimulatedWorld, TorchCommunicator, Trace,
@@ -144,23 +145,6 @@ def simulated(world_size: int, fn_name: str, args: tuple) -> tuple[list[object],
     results = world.run(getattr(alg, fn_name), *args)
     return results, world.trace
 
-
-def assert_same(got, want, where: str = "") -> None:
-    if isinstance(want, torch.Tensor):
-        assert isinstance(got, torch.Tensor), f"{where}: got {type(got).__name__}"
-        assert got.shape == want.shape and got.dtype == want.dtype, (
-            f"{where}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {want.dtype}")
-        assert torch.equal(got, want), f"{where}: got {got}, want {want}"
-    elif isinstance(want, dict):
-        assert set(got) == set(want), where
-        for k in want:
-            assert_same(got[k], want[k], f"{where}[{k!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{where}[{i}]")
-    else:
-        assert got == want, where
 
 
 # -- same algorithms, same answers, same traffic ----------------------------------------------
