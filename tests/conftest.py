@@ -25,3 +25,16 @@ def wait_until_dead(pids: set[int] | list[int], within: float = 15.0) -> list[in
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     return alive(pids)
+
+
+def course_with_lab(root, lab: str, **options):
+    """A scratch course directory holding one lab of the repository, released."""
+    import shutil
+
+    from grader.course import REPO, Course
+    from grader.grading import release
+
+    course = Course(root, **options)
+    shutil.copytree(REPO / "solutions" / lab, course.solutions / lab)
+    release(course, [lab])
+    return course

@@ -19,13 +19,14 @@ import nbformat
 import psutil
 import pytest
 
+from conftest import course_with_lab
 from grader import synthetic
 from grader.check import check
 from grader.cli import main as cli
 from grader.course import REPO, Course
 from grader.demo import TYPICAL_BUGS
 from grader.feedback import generate
-from grader.grading import autograde, cell_scores, find_submissions, release
+from grader.grading import autograde, cell_scores, find_submissions
 from grader.redact import HIDDEN
 from grader.report import score_table, write
 
@@ -116,9 +117,7 @@ def fixtures(course: Course) -> dict[str, tuple[nbformat.NotebookNode, dict[str,
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("course")
-    course = Course(root, cell_timeout=20)
-    shutil.copytree(REPO / "solutions", course.solutions)
-    release(course, [LAB])
+    course = course_with_lab(root, LAB, cell_timeout=20)
     cases = fixtures(course)
     folder = root / "incoming"
     for student, (nb, _) in cases.items():

@@ -6,18 +6,17 @@ the rest of the lab still ran; the outputs and the gradebook show what the attac
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
-from pathlib import Path
 
 import nbformat
 import psutil
 import pytest
 
+from conftest import course_with_lab
 from grader import synthetic
 from grader.cli import main as cli
 from grader.course import REPO, Course
-from grader.grading import cell_scores, release
+from grader.grading import cell_scores
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -27,7 +26,6 @@ SQUARE = "def square_of_rank(comm):\n    return comm.rank ** 2\n"
 
 WRITE_EVERY_DB = SQUARE + """
 import os, sqlite3
-from pathlib import Path
 here = Path.cwd()
 candidates = [p for folder in [here, *here.parents] for p in folder.glob("*.db")]
 candidates += list(here.parents[3].rglob("*.db"))  # the whole course directory
@@ -42,7 +40,6 @@ for path in set(candidates):
 print("TOUCHED", sorted(touched))
 """
 READ_SOLUTIONS = SQUARE + f"""
-from pathlib import Path
 here = Path.cwd()
 course = here.parents[3]
 targets = [Path({str(REPO)!r}) / "solutions", course / "solutions", course / "instructor"]
@@ -80,9 +77,7 @@ with open("big.bin", "wb") as f:
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
     root = tmp_path_factory.mktemp("course")
-    course = Course(root, cell_timeout=60)
-    shutil.copytree(REPO / "solutions", course.solutions)
-    release(course, [LAB])
+    course = course_with_lab(root, LAB, cell_timeout=60)
     solved = synthetic.solved(course, LAB)
     folder = root / "incoming"
     attacks = {"db_writer": WRITE_EVERY_DB, "snoop": READ_SOLUTIONS, "daemon": DETACHED,
@@ -162,9 +157,7 @@ def test_a_file_beyond_the_size_limit_fails_with_a_file_size_message(hostile):
 
 
 def test_without_bubblewrap_the_grader_refuses_unless_told(tmp_path, monkeypatch, capsys):
-    course = Course(tmp_path)
-    shutil.copytree(REPO / "solutions", course.solutions)
-    release(course, [LAB])
+    course = course_with_lab(tmp_path, LAB)
     folder = tmp_path / "incoming"
     synthetic.save(synthetic.with_cell(synthetic.solved(course, LAB), "q1-solution", DETACHED),
                    folder, "ada", LAB)
