@@ -26,6 +26,7 @@ SQUARE = "def square_of_rank(comm):\n    return comm.rank ** 2\n"
 
 WRITE_EVERY_DB = SQUARE + """
 import os, sqlite3
+from pathlib import Path
 here = Path.cwd()
 candidates = [p for folder in [here, *here.parents] for p in folder.glob("*.db")]
 candidates += list(here.parents[3].rglob("*.db"))  # the whole course directory
@@ -40,6 +41,7 @@ for path in set(candidates):
 print("TOUCHED", sorted(touched))
 """
 READ_SOLUTIONS = SQUARE + f"""
+from pathlib import Path
 here = Path.cwd()
 course = here.parents[3]
 targets = [Path({str(REPO)!r}) / "solutions", course / "solutions", course / "instructor"]
