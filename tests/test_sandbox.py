@@ -50,7 +50,7 @@ print("FOUND", found)
 """
 DETACHED = SQUARE + """
 import subprocess
-subprocess.Popen(["sleep", "1000"], start_new_session=True)
+print("SPAWNED", subprocess.Popen(["sleep", "1000"], start_new_session=True).pid)
 """
 TOO_MUCH_MEMORY = SQUARE + """
 hog = bytearray(16 * 2**30)
@@ -117,7 +117,8 @@ def test_a_submission_cannot_touch_the_gradebook(hostile):
     with sqlite3.connect(gradebook) as db:
         tables = {row[0] for row in db.execute("select name from sqlite_master")}
     assert "pwned" not in tables
-    assert gradebook not in q1_output(course, "db_writer")
+    out = q1_output(course, "db_writer")
+    assert "TOUCHED [" in out and gradebook not in out
 
 
 def test_a_submission_cannot_see_solutions_or_other_students(hostile):
@@ -129,6 +130,7 @@ def test_a_submission_cannot_see_solutions_or_other_students(hostile):
 def test_a_detached_process_does_not_survive(hostile):
     course, _ = hostile
     assert total(course, "daemon") == FULL
+    assert "SPAWNED" in q1_output(course, "daemon")
     sleepers = [p for p in psutil.process_iter(["cmdline"])
                 if (p.info["cmdline"] or [])[:2] == ["sleep", "1000"]]
     assert sleepers == []
