@@ -30,6 +30,23 @@ TYPICAL_BUGS = {
         handle.wait()
     return received
 '''),
+    "lab01_cross_entropy": ("q1-solution", '''def log_softmax(logits, dim=-1):
+    """log(softmax(logits)) along `dim`, finite for any finite logits."""
+    return logits - logits.exp().sum(dim=dim, keepdim=True).log()  # no max subtracted: overflows
+'''),
+    "lab02_training": ("q3-solution", '''def accumulated_step(model, optimizer, x, y, loss_fn, micro_batches=1):
+    """One optimizer step on the batch (x, y), computed in `micro_batches` parts; returns the
+    batch's mean loss."""
+    optimizer.zero_grad()
+    total = 0.0
+    for x_part, y_part in zip(torch.tensor_split(x, micro_batches),
+                              torch.tensor_split(y, micro_batches)):
+        loss = loss_fn(model(x_part), y_part)  # not scaled by the part's share of the batch
+        loss.backward()
+        total += loss.item()
+    optimizer.step()
+    return total / micro_batches
+'''),
 }
 
 

@@ -2,8 +2,9 @@
 controller, anything a student forks) live in bubblewrap's namespaces.
 
 What a submission can see and do:
-- the installed software, read-only, and a private writable copy of its own folder, at the
-  path nbgrader runs it from; the course directory (solutions, gradebook, other students'
+- the installed software, read-only, a private writable copy of its own folder at the path
+  nbgrader runs it from, and the same student's other graded labs, read-only (a later lab may
+  reuse an earlier one's definitions); the course directory (solutions, gradebook, other students'
   work, feedback) is hidden behind an empty tmpfs, and so are the instructor's home and /tmp;
 - its own PID namespace: when its kernel ends, however it ends, every process in the
   sandbox ends with it (new sessions, double forks and daemons included);
@@ -99,8 +100,10 @@ class SandboxedKernelManager(AsyncKernelManager):
             bwrap += ["--tmpfs", folder]
         for keep in _software_under([*self.hidden, str(Path.home()), "/tmp"]):
             bwrap += ["--ro-bind", keep, keep]
-        bwrap += ["--bind", str(self.private), str(self.private), "--bind", str(work), str(cwd),
-                  "--chdir", str(cwd), "--unshare-pid", "--unshare-net", "--unshare-ipc",
+        bwrap += ["--bind", str(self.private), str(self.private), "--bind", str(work), str(cwd)]
+        for own in _other_labs_of_this_student(cwd):  # a later lab may reuse an earlier one
+            bwrap += ["--ro-bind", str(own), str(own)]
+        bwrap += ["--chdir", str(cwd), "--unshare-pid", "--unshare-net", "--unshare-ipc",
                   "--unshare-uts", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
                   "--die-with-parent", "--new-session",
                   "--setenv", "JPY_PARENT_PID", "1"]  # bwrap's init: the parent in here
@@ -115,6 +118,11 @@ class SandboxedKernelManager(AsyncKernelManager):
         if not restart:
             _remove_cgroups(self.cgroups)
             shutil.rmtree(self.private, ignore_errors=True)
+
+
+def _other_labs_of_this_student(cwd: Path) -> list[Path]:
+    """The student's other graded labs: siblings of <autograded>/<student>/<lab>."""
+    return sorted(p for p in cwd.parent.iterdir() if p.is_dir() and p != cwd)
 
 
 def _sandbox_env(env: dict[str, str]) -> dict[str, str]:

@@ -1,0 +1,137 @@
+"""The memory budget of training: parameters, gradients, optimizer state and activations.
+
+Training holds four kinds of tensors at its peak, just before the optimizer step:
+
+- the parameters (P numbers);
+- one gradient per parameter (P more);
+- the optimizer's state: a momentum buffer for SGD with momentum (P), two running moments for
+  Adam and AdamW (2P);
+- the activations autograd saved during the forward pass to compute the backward pass. Unlike
+  the other three, they grow with the batch size and the sequence length.
+
+`gpt_memory_estimate` predicts all four for `lib_dist.models.GPT` from its configuration alone;
+`measure_training_memory` measures them on a real step, counting the tensors autograd actually
+saves (through `torch.autograd.graph.saved_tensors_hooks`), so the two can be compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..models.gpt import GPTConfig
+from .step import LossFn
+
+
+@dataclass
+class MemoryBudget:
+    """Bytes of each kind of tensor training holds."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_state + self.activations
+
+    def rows(self) -> list[tuple[str, int]]:
+        return [("parameters", self.parameters), ("gradients", self.gradients),
+                ("optimizer state", self.optimizer_state), ("activations", self.activations),
+                ("total", self.total)]
+
+
+def gpt_num_params(config: GPTConfig) -> int:
+    """Parameters of `GPT(config)`: V*C token embeddings (shared with the output head), T*C
+    position embeddings, 12*C^2 + 13*C per layer, and 2*C for the final LayerNorm.
+
+    Per layer: the query/key/value projection (3C^2 + 3C), the attention output projection
+    (C^2 + C), the MLP's two linear maps (4C^2 + 4C and 4C^2 + C), two LayerNorms (2 * 2C).
+    """
+    V, T, C, L = config.vocab_size, config.block_size, config.n_embd, config.n_layer
+    return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def gpt_activation_bytes(config: GPTConfig, batch_size: int, seq_len: int | None = None) -> int:
+    """Bytes autograd saves in one forward pass of `GPT(config)` in float32 with
+    `F.cross_entropy` as the loss (dropout must be 0: dropout would add its masks).
+
+    With B sequences of T tokens, C channels and h heads, each layer saves 16*B*T*C floats:
+    the inputs of both LayerNorms (2), their outputs (2), the queries, keys and values (3), the
+    attention output before its projection (1), the MLP's hidden layer before and after GELU
+    (4 + 4); also the LayerNorms' means and inverse standard deviations (4*B*T floats), the
+    attention weights after softmax (B*h*T*T floats: quadratic in the sequence length), and the
+    causal mask (T*T booleans, one byte each). After the layers: the final LayerNorm's input,
+    output and statistics (2*B*T*C + 2*B*T floats), the log-probabilities over the vocabulary
+    (B*T*V floats), the token ids, positions and targets (int64), and the loss's one-float
+    normaliser.
+    """
+    if config.dropout:
+        raise ValueError("the estimate assumes dropout=0 (dropout saves a mask per layer)")
+    B, T = batch_size, seq_len or config.block_size
+    C, h, L, V = config.n_embd, config.n_head, config.n_layer, config.vocab_size
+    f32, i64, bool_ = 4, 8, 1
+    per_layer = f32 * (16 * B * T * C + 4 * B * T + B * h * T * T) + bool_ * T * T
+    head = f32 * (2 * B * T * C + 2 * B * T + B * T * V)
+    indices = i64 * (B * T + T + B * T)
+    return L * per_layer + head + indices + f32
+
+
+def gpt_memory_estimate(config: GPTConfig, batch_size: int, optimizer_slots: int = 2,
+                        seq_len: int | None = None) -> MemoryBudget:
+    """The predicted budget of one float32 training step of `GPT(config)`.
+
+    `optimizer_slots` is the number of tensors the optimizer keeps per parameter: 0 for plain
+    SGD, 1 for SGD with momentum, 2 for Adam/AdamW (the step counters are not counted).
+    """
+    params = 4 * gpt_num_params(config)
+    return MemoryBudget(params, params, optimizer_slots * params,
+                        gpt_activation_bytes(config, batch_size, seq_len))
+
+
+def measure_training_memory(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                            y: torch.Tensor, loss_fn: LossFn) -> MemoryBudget:
+    """Run one training step on (x, y) and measure the bytes of each kind of tensor.
+
+    Activations are the distinct storages autograd saved during the forward pass, excluding the
+    model's own parameters and buffers. The step really updates the model.
+    """
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in own:
+            saved.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    params = list(model.parameters())
+    return MemoryBudget(
+        parameters=sum(_nbytes(p) for p in params),
+        gradients=sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        optimizer_state=sum(_nbytes(v) for s in optimizer.state.values() for v in s.values()
+                            if isinstance(v, torch.Tensor) and v.dim() > 0),
+        activations=sum(saved.values()),
+    )
+
+
+def format_budgets(**budgets: MemoryBudget) -> str:
+    """A table with one column per budget, in MiB, e.g. format_budgets(estimate=e, measured=m)."""
+    names = list(budgets)
+    lines = [f"{'':<16}" + "".join(f"{n:>13}" for n in names)]
+    for i, (label, _) in enumerate(next(iter(budgets.values())).rows()):
+        lines.append(f"{label:<16}" + "".join(f"{b.rows()[i][1] / 2**20:>9.3f} MiB"
+                                              for b in budgets.values()))
+    return "\n".join(lines)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
