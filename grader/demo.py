@@ -47,6 +47,25 @@ TYPICAL_BUGS = {
     optimizer.step()
     return total / micro_batches
 '''),
+    "lab03_collectives": ("q4-solution", '''def ring_all_reduce(comm, tensor, op="sum"):
+    """Sum (op="sum") or average (op="avg") `tensor` over all ranks, in place; return it."""
+    n, r = comm.world_size, comm.rank
+    flat = tensor.view(-1)
+    chunks = [flat[lo:hi] for lo, hi in chunk_bounds(flat.numel(), n)]
+    right, left = (r + 1) % n, (r - 1) % n
+    for step in range(n - 1):
+        send, recv = chunks[(r - step - 1) % n], chunks[(r - step - 2) % n]
+        incoming = torch.empty_like(recv)
+        comm.send(send, right)  # blocking: every rank sends, none receives, all wait forever
+        comm.recv(incoming, left)
+        recv += incoming
+    for step in range(n - 1):
+        comm.send(chunks[(r - step) % n], right)
+        comm.recv(chunks[(r - step - 1) % n], left)
+    if op == "avg":
+        tensor /= n
+    return tensor
+'''),
 }
 
 

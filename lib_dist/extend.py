@@ -36,6 +36,14 @@ What each lab asks for (the notebooks in `labs/`; their solutions are in `soluti
   `lib_dist.optim.Optimizer`s matching `torch.optim.SGD` / `torch.optim.AdamW`;
   `accumulated_step(model, optimizer, x, y, loss_fn, micro_batches=1) -> float`, a `StepFn`
   (with `functools.partial` for `micro_batches`).
+- lab03_collectives, from `comm.send`/`recv`/`isend`/`irecv` only, for any world size, length
+  and floating dtype: `broadcast(comm, tensor, root=0) -> Tensor` (in place, returns `tensor`);
+  `all_gather(comm, tensor) -> list[Tensor]` (new tensors, by rank);
+  `reduce_scatter(comm, tensor, op="sum") -> Tensor` (this rank's `chunk_bounds` chunk of the
+  reduced, flattened tensor, new); `ring_all_reduce(comm, tensor, op="sum") -> Tensor` (in
+  place, returns `tensor`; 2(N-1) messages of one chunk per rank). Their signatures are the
+  `Communicator` collectives' with `comm` first; `benchmarks/allreduce.py` times the
+  instructor's `ring_all_reduce`.
 
 Reusing definitions
 -------------------

@@ -4,6 +4,8 @@
 - `SimulatedWorld`: N ranks as threads in one process, for fast tests; never hangs.
 - `TorchCommunicator` / `join_group`: a rank of a real torch.distributed group.
 - `Trace`, `AlphaBeta`: what was sent, and what it would cost on a given network.
+- `algorithms`, `tuner`: all-reduce built from messages (ring, halving-doubling, recursive
+  doubling, gather-broadcast), and how `TorchCommunicator.all_reduce` picks one per size.
 """
 
 from .base import Communicator, Handle, ReduceOp, chunk_bounds, wait_all

@@ -1,24 +1,37 @@
 """The communicator over a real torch.distributed process group: gloo on CPU, NCCL on GPUs.
 
 `join_group` starts the group; `TorchCommunicator` wraps it. Point-to-point operations map
-to `dist.isend`/`dist.irecv`; the collectives are torch.distributed's native ones. A gloo
-operation that times out closes its connection, so after a `CommTimeout` the group is
+to `dist.isend`/`dist.irecv`; the collectives are torch.distributed's native ones, except
+`all_reduce` on gloo, which picks the fastest of `lib_dist.comm.algorithms` and gloo's own
+for each tensor size (`lib_dist.comm.tuner`, calibrated on the group's first all-reduce).
+Force one with `all_reduce(t, algorithm="ring")`, `comm.all_reduce_algorithm = "native"`,
+or the environment variable `LIB_DIST_ALL_REDUCE` (read when the communicator is made).
+
+A gloo operation that times out closes its connection, so after a `CommTimeout` the group is
 unusable: destroy it and join a new one (`lib_dist.cluster` does this for you).
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
+from .algorithms import ALGORITHMS
 from .base import Communicator, Handle, ReduceOp, _check_op, _nbytes, chunk_bounds
 from .errors import CommError, CommTimeout
 from .trace import Trace
+from .tuner import NATIVE, TunerModel, calibrate, native_only
 
 DEFAULT_TIMEOUT = 60.0
+AUTO = "auto"
+ALL_REDUCE_CHOICES = (AUTO, NATIVE, *ALGORITHMS)
+_TAG = 0x1D  # the tag of the messages inside lib_dist's collectives: apart from the user's
 
 
 def pick_backend(device: torch.device) -> str:
@@ -67,6 +80,9 @@ class TorchCommunicator(Communicator):
         super().__init__(dist.get_rank(), dist.get_world_size(), device, trace)
         self.timeout = timeout
         self.backend = dist.get_backend()
+        self.all_reduce_algorithm = _check_algorithm(os.environ.get("LIB_DIST_ALL_REDUCE", AUTO))
+        self.tuner: TunerModel | None = None  # calibrated on the first tuned all_reduce
+        self._direct = _Direct(self.rank, self.world_size)
 
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
         return _TorchHandle(self, dist.isend(tensor, dst), f"send to rank {dst}")
@@ -86,12 +102,44 @@ class TorchCommunicator(Communicator):
         self._collective("broadcast", _nbytes(tensor), dist.broadcast, tensor, src)
         return tensor
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum",
+                   algorithm: str | None = None) -> torch.Tensor:
+        """Reduce `tensor` over all ranks, in place on every rank; returns it.
+
+        `algorithm`: "auto" (the tuner's choice for this size, the default), "native"
+        (torch.distributed's), or one of `lib_dist.comm.algorithms.ALGORITHMS`. Every rank
+        must pass the same. The trace records one "all_reduce" event, not its messages.
+        """
         _check_op(op, tensor)
-        self._collective("all_reduce", _nbytes(tensor), dist.all_reduce, tensor)
+        name = _check_algorithm(algorithm or self.all_reduce_algorithm)
+        self._collective("all_reduce", _nbytes(tensor), self._all_reduce, tensor, name)
         if op == "avg":
             tensor /= self.world_size
         return tensor
+
+    def choose_all_reduce(self, nbytes: int) -> str:
+        """The algorithm "auto" runs for `nbytes` (collective: may calibrate the tuner).
+        NCCL has a tuner of its own, and a single rank has nothing to choose: native."""
+        if self.tuner is None:
+            self.tuner = (native_only(self.world_size)
+                          if self.backend != "gloo" or self.world_size == 1
+                          else calibrate(self._direct, self._run_algorithm, _slowest))
+        return self.tuner.choose(nbytes)
+
+    def _all_reduce(self, tensor: torch.Tensor, name: str) -> None:
+        if name == AUTO:
+            name = self.choose_all_reduce(_nbytes(tensor))
+        flat = tensor.reshape(-1)  # a view when it can be, else a copy written back below
+        self._run_algorithm(name, flat)
+        if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+            tensor.copy_(flat.view_as(tensor))
+
+    def _run_algorithm(self, name: str, flat: torch.Tensor) -> None:
+        if name == NATIVE:
+            dist.all_reduce(flat)
+        else:
+            with _one_thread():
+                ALGORITHMS[name].run(self._direct, flat)
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
@@ -132,6 +180,44 @@ class TorchCommunicator(Communicator):
                                f"rebuilt ({text.splitlines()[0][:200]})")
         return CommError(f"rank {self.rank}: {what} failed: {text.splitlines()[0][:300]}")
 
+
+class _Direct:
+    """isend/irecv straight to torch.distributed, on lib_dist's own tag: the messages inside a
+    collective, which the trace does not record and a user's pending receive cannot take."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+    def isend(self, tensor: torch.Tensor, dst: int) -> dist.Work:
+        return dist.isend(tensor, dst, tag=_TAG)
+
+    def irecv(self, buffer: torch.Tensor, src: int) -> dist.Work:
+        return dist.irecv(buffer, src, tag=_TAG)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Add on one thread inside an all-reduce, as gloo does. Ranks that share cores (4 ranks
+    on 2 cores here) and each start a pool of threads per addition spend the time switching
+    between those threads instead of moving bytes."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _slowest(t: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
+def _check_algorithm(name: str) -> str:
+    if name not in ALL_REDUCE_CHOICES:
+        raise ValueError(f"all_reduce algorithm must be one of {', '.join(ALL_REDUCE_CHOICES)}; "
+                         f"got {name!r}")
+    return name
 
 
 # torch 2.13 renamed reduce_scatter_tensor (now deprecated, with a warning) to
