@@ -15,7 +15,8 @@ import torch
 from tqdm import tqdm
 
 from lib_dist.cluster import Cluster
-from lib_dist.comm import AlphaBeta, Communicator, chunk_bounds
+from lib_dist.comm import AlphaBeta, Communicator
+from lib_dist.comm.algorithms import ring
 
 
 def native_all_reduce(comm: Communicator, n: int) -> torch.Tensor:
@@ -26,23 +27,7 @@ def native_all_reduce(comm: Communicator, n: int) -> torch.Tensor:
 def ring_all_reduce(comm: Communicator, n: int) -> torch.Tensor:
     """Reduce-scatter then all-gather around the ring: 2(N-1) messages of n/N per rank."""
     t = torch.arange(n, dtype=torch.float32) * (comm.rank + 1)
-    world, rank = comm.world_size, comm.rank
-    right, left = (rank + 1) % world, (rank - 1) % world
-    chunks = [t[a:b] for a, b in chunk_bounds(n, world)]
-
-    def shift(send_i: int, recv_i: int) -> torch.Tensor:
-        buf = torch.empty_like(chunks[recv_i])
-        handle = comm.isend(chunks[send_i].clone(), right)
-        comm.recv(buf, left)
-        handle.wait()
-        return buf
-
-    for step in range(world - 1):  # reduce-scatter: rank ends with chunk rank+1 summed
-        recv_i = (rank - step - 1) % world
-        chunks[recv_i] += shift((rank - step) % world, recv_i)
-    for step in range(world - 1):  # all-gather: pass the summed chunks around
-        recv_i = (rank - step) % world
-        chunks[recv_i].copy_(shift((rank + 1 - step) % world, recv_i))
+    ring(comm, t)
     return t
 
 
