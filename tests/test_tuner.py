@@ -11,7 +11,7 @@ from lib_dist.cluster import Cluster
 from lib_dist.comm import AlphaBeta, SimulatedWorld
 from lib_dist.comm.algorithms import ALGORITHMS, RING
 from lib_dist.comm.tuner import (
-    NATIVE, Fit, TunerModel, calibrate, fit_line, native_only,
+    NATIVE, SHARED_MEMORY, Fit, TunerModel, calibrate, fit_line, native_only,
 )
 from lib_dist.errors import RankFailure
 
@@ -81,7 +81,7 @@ def test_one_rank_or_nccl_runs_native():
 # -- fitting --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", [*ALGORITHMS, NATIVE])
+@pytest.mark.parametrize("name", [*ALGORITHMS, NATIVE, SHARED_MEMORY])
 def test_fit_recovers_overhead_and_efficiency_from_exact_timings(name):
     truth = model(5, **{name: Fit(2.5e-3, 0.4)})
     sizes = (4 * KIB, 512 * KIB, 16 * MIB)
@@ -132,7 +132,7 @@ def every_algorithm(comm, lengths):
     import os
 
     out = {}
-    for name in ("auto", NATIVE, *ALGORITHMS):
+    for name in ("auto", NATIVE, *ALGORITHMS, SHARED_MEMORY):
         for n in lengths:
             x = torch.arange(n, dtype=torch.float64) + comm.rank
             out[(name, n)] = comm.all_reduce(x, algorithm=name)
@@ -155,8 +155,10 @@ def test_torch_all_reduce_with_every_algorithm_on_three_gloo_ranks():
         results = cluster.run(every_algorithm, lengths, timeout=60)
     models = [tuner for _, tuner, _ in results]
     assert models[0] is not None and all(m == models[0] for m in models)
+    # the engines share this host: shared memory is one of the tuner's candidates
+    assert set(models[0].fits) == {NATIVE, *ALGORITHMS, SHARED_MEMORY}
     for rank, (out, _, kinds) in enumerate(results):
-        for name in ("auto", NATIVE, *ALGORITHMS):
+        for name in ("auto", NATIVE, *ALGORITHMS, SHARED_MEMORY):
             for n in lengths:
                 want = sum(torch.arange(n, dtype=torch.float64) + q for q in range(world))
                 assert torch.equal(out[(name, n)], want), (name, n, rank)

@@ -2,8 +2,9 @@
 
 `join_group` starts the group; `TorchCommunicator` wraps it. Point-to-point operations map
 to `dist.isend`/`dist.irecv`; the collectives are torch.distributed's native ones, except
-`all_reduce` on gloo, which picks the fastest of `lib_dist.comm.algorithms` and gloo's own
-for each tensor size (`lib_dist.comm.tuner`, calibrated on the group's first all-reduce).
+`all_reduce` on gloo, which picks the fastest of `lib_dist.comm.algorithms`, gloo's own and,
+when every rank runs on one host, shared memory (`lib_dist.comm.shared_memory`) for each
+tensor size (`lib_dist.comm.tuner`, calibrated on the group's first all-reduce).
 Force one with `all_reduce(t, algorithm="ring")`, `comm.all_reduce_algorithm = "native"`,
 or the environment variable `LIB_DIST_ALL_REDUCE` (read when the communicator is made).
 
@@ -25,12 +26,13 @@ import torch.distributed as dist
 from .algorithms import ALGORITHMS
 from .base import Communicator, Handle, ReduceOp, _check_op, _nbytes, chunk_bounds
 from .errors import CommError, CommTimeout
+from .shared_memory import SharedMemoryAllReduce
 from .trace import Trace
-from .tuner import NATIVE, TunerModel, calibrate, native_only
+from .tuner import NATIVE, SHARED_MEMORY, SHAPES, TunerModel, calibrate, native_only
 
 DEFAULT_TIMEOUT = 60.0
 AUTO = "auto"
-ALL_REDUCE_CHOICES = (AUTO, NATIVE, *ALGORITHMS)
+ALL_REDUCE_CHOICES = (AUTO, NATIVE, *ALGORITHMS, SHARED_MEMORY)
 _TAG = 0x1D  # the tag of the messages inside lib_dist's collectives: apart from the user's
 
 
@@ -83,6 +85,7 @@ class TorchCommunicator(Communicator):
         self.all_reduce_algorithm = _check_algorithm(os.environ.get("LIB_DIST_ALL_REDUCE", AUTO))
         self.tuner: TunerModel | None = None  # calibrated on the first tuned all_reduce
         self._direct = _Direct(self.rank, self.world_size)
+        self._shared: SharedMemoryAllReduce | None | bool = False  # False: not tried yet
 
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
         return _TorchHandle(self, dist.isend(tensor, dst), f"send to rank {dst}")
@@ -107,8 +110,8 @@ class TorchCommunicator(Communicator):
         """Reduce `tensor` over all ranks, in place on every rank; returns it.
 
         `algorithm`: "auto" (the tuner's choice for this size, the default), "native"
-        (torch.distributed's), or one of `lib_dist.comm.algorithms.ALGORITHMS`. Every rank
-        must pass the same. The trace records one "all_reduce" event, not its messages.
+        (torch.distributed's), one of `lib_dist.comm.algorithms.ALGORITHMS`, or
+        "shared_memory" (ranks on one host only). Every rank must pass the same. The trace records one "all_reduce" event, not its messages.
         """
         _check_op(op, tensor)
         name = _check_algorithm(algorithm or self.all_reduce_algorithm)
@@ -121,10 +124,23 @@ class TorchCommunicator(Communicator):
         """The algorithm "auto" runs for `nbytes` (collective: may calibrate the tuner).
         NCCL has a tuner of its own, and a single rank has nothing to choose: native."""
         if self.tuner is None:
-            self.tuner = (native_only(self.world_size)
-                          if self.backend != "gloo" or self.world_size == 1
-                          else calibrate(self._direct, self._run_algorithm, _slowest))
+            if self.backend != "gloo" or self.world_size == 1:
+                self.tuner = native_only(self.world_size)
+            else:
+                shared = self._shared_memory()
+                candidates = tuple(name for name in SHAPES if name != SHARED_MEMORY or shared)
+                self.tuner = calibrate(self._direct, self._run_algorithm, _slowest, candidates,
+                                       barrier=shared.barrier if shared else None)
         return self.tuner.choose(nbytes)
+
+    def _shared_memory(self) -> SharedMemoryAllReduce | None:
+        """The shared-memory all-reduce, mapped on first use (collective); None when the
+        ranks are not all on one host or have no memory-backed directory to share."""
+        if self._shared is False:
+            self._shared = (SharedMemoryAllReduce.open(self.rank, self.world_size,
+                                                       _all_gather_object, self.timeout)
+                            if self.backend == "gloo" else None)
+        return self._shared
 
     def _all_reduce(self, tensor: torch.Tensor, name: str) -> None:
         if name == AUTO:
@@ -137,6 +153,14 @@ class TorchCommunicator(Communicator):
     def _run_algorithm(self, name: str, flat: torch.Tensor) -> None:
         if name == NATIVE:
             dist.all_reduce(flat)
+        elif name == SHARED_MEMORY:
+            shared = self._shared_memory()
+            if shared is None:
+                raise CommError(f"rank {self.rank}: all_reduce(algorithm='shared_memory') needs "
+                                f"every rank of a gloo group on one host, with /dev/shm or a "
+                                f"tmpfs temp directory; use 'auto' to let the tuner choose")
+            with _one_thread():
+                shared.all_reduce(flat)
         else:
             with _one_thread():
                 ALGORITHMS[name].run(self._direct, flat)
@@ -206,6 +230,12 @@ def _one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _all_gather_object(value: object) -> list:
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def _slowest(t: torch.Tensor) -> torch.Tensor:

@@ -28,9 +28,18 @@ from .algorithms import ALGORITHMS, RING, Algorithm, gather_broadcast
 from .trace import AlphaBeta
 
 NATIVE = "native"
-# gloo's all-reduce is a ring (reduce-scatter then all-gather); price "native" as one.
-SHAPES: dict[str, Algorithm] = {**ALGORITHMS, NATIVE: Algorithm(NATIVE, None, RING.steps,
-                                                                 RING.sent)}
+SHARED_MEMORY = "shared_memory"
+# gloo's all-reduce is a ring (reduce-scatter then all-gather); price "native" as one. The
+# shared-memory all-reduce (`lib_dist.comm.shared_memory`) sends no message (its two
+# barriers are its overhead) and copies each byte into and out of shared memory: 2n bytes.
+SHAPES: dict[str, Algorithm] = {
+    **ALGORITHMS,
+    NATIVE: Algorithm(NATIVE, None, RING.steps, RING.sent),
+    SHARED_MEMORY: Algorithm(SHARED_MEMORY, None, steps=lambda n: 0, sent=lambda n, b: 2 * b),
+}
+# what `calibrate` times unless told otherwise: shared memory is only there when the
+# ranks share a host, and the caller knows whether they do
+P2P_AND_NATIVE = (*ALGORITHMS, NATIVE)
 CALIBRATION_SIZES = (4 << 10, 512 << 10, 16 << 20)  # bytes: latency-, mid- and bandwidth-bound
 MARGIN = 0.75  # see TunerModel
 
@@ -90,18 +99,25 @@ def native_only(world_size: int) -> TunerModel:
 
 def calibrate(p2p: Any, run: Callable[[str, torch.Tensor], None],
               slowest: Callable[[torch.Tensor], torch.Tensor],
-              candidates: tuple[str, ...] = tuple(SHAPES),
-              sizes: tuple[int, ...] = CALIBRATION_SIZES, margin: float = MARGIN) -> TunerModel:
+              candidates: tuple[str, ...] = P2P_AND_NATIVE,
+              sizes: tuple[int, ...] = CALIBRATION_SIZES, margin: float = MARGIN,
+              barrier: Callable[[], None] | None = None) -> TunerModel:
     """Measure alpha, beta and every candidate's fit on this group. Collective: every rank
     calls it with the same arguments.
 
     p2p: the rank's `isend`/`irecv` (and `rank`, `world_size`), for the ping-pong;
     run(name, flat): all-reduce `flat` in place with algorithm `name`;
-    slowest(t): the element-wise maximum of `t` over all ranks (a MAX all-reduce).
+    slowest(t): the element-wise maximum of `t` over all ranks (a MAX all-reduce);
+    barrier(): where every timed call starts; the tighter the better, since a rank that
+    leaves the barrier late makes the others wait and that wait is charged to the call
+    (default: two short messages per rank through rank 0).
     """
     n = p2p.world_size
     network = _ping_pong(p2p, slowest)
-    measured = torch.tensor([_times(p2p, run, candidates, size) for size in sizes],
+    if barrier is None:
+        token = torch.zeros(1)
+        barrier = lambda: gather_broadcast(p2p, token)  # noqa: E731
+    measured = torch.tensor([_times(p2p, run, candidates, size, barrier) for size in sizes],
                             dtype=torch.float64)
     measured = slowest(measured).T  # by candidate, then size
     timings = {name: dict(zip(sizes, row.tolist())) for name, row in zip(candidates, measured)}
@@ -152,12 +168,12 @@ def _round_trip(p2p: Any, peer: int, out: torch.Tensor, into: torch.Tensor) -> N
 
 
 def _times(p2p: Any, run: Callable[[str, torch.Tensor], None], candidates: tuple[str, ...],
-           nbytes: int) -> list[float]:
+           nbytes: int, barrier: Callable[[], None]) -> list[float]:
     """Median seconds per call of every candidate on `nbytes`. Calls are interleaved, so that
     a disturbance hits all candidates alike, and each starts from a barrier, so that none
     pays for the ranks its predecessor left behind. The number of calls depends only on the
     size and world size, the same on every rank, as it must be: every call is collective."""
-    flat, token = torch.zeros(nbytes // 4), torch.zeros(1)
+    flat = torch.zeros(nbytes // 4)
     for name in candidates:  # warm up: connections, buffers
         run(name, flat)
     expected = 1e-3 + nbytes * p2p.world_size / 1e9  # a rough guess: milliseconds, GB/s
@@ -165,7 +181,7 @@ def _times(p2p: Any, run: Callable[[str, torch.Tensor], None], candidates: tuple
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(reps):
         for name in candidates:
-            gather_broadcast(p2p, token)  # a barrier of two short messages per rank
+            barrier()
             start = time.perf_counter()
             run(name, flat)
             times[name].append(time.perf_counter() - start)

@@ -1,0 +1,146 @@
+"""The shared-memory all-reduce: exact sums with identical bits on every rank, pieces larger
+than the shared buffers, no file left behind, refusal across hosts, and a rank that never
+arrives reported by name instead of hanging. Ranks are threads here (the algorithm does not
+care), and real engines in the last test."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from lib_dist.cluster import Cluster
+from lib_dist.comm import CommTimeout
+from lib_dist.comm.shared_memory import SharedMemoryAllReduce, _memory_directory
+from lib_dist.errors import RankFailure
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Threads:
+    """`world_size` ranks as threads, with the `gather` that `SharedMemoryAllReduce.open`
+    needs (every rank's value, in rank order)."""
+
+    def __init__(self, world_size: int):
+        self.n = world_size
+        self._slots: list = [None] * world_size
+        self._barrier = threading.Barrier(world_size, timeout=30)
+
+    def gather_for(self, rank: int):
+        def gather(value):
+            self._slots[rank] = value
+            self._barrier.wait()
+            out = list(self._slots)
+            self._barrier.wait()
+            return out
+        return gather
+
+    def run(self, fn) -> list:
+        results, errors = [None] * self.n, []
+
+        def body(rank):
+            try:
+                results[rank] = fn(rank, self.gather_for(rank))
+            except BaseException as e:  # reported below, by rank
+                errors.append((rank, e))
+
+        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        if errors:
+            raise errors[0][1]
+        return results
+
+
+def tensors_of(rank: int, length: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * rank + length)
+    if dtype.is_floating_point:
+        return torch.randn(length, generator=g, dtype=torch.float64).to(dtype)
+    return torch.randint(-1000, 1000, (length,), generator=g, dtype=dtype)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_sums_match_and_every_rank_holds_the_same_bits(world_size):
+    # a 256-byte buffer: 1001 float64 take 32 pieces, both halves reused again and again
+    lengths, dtypes = [0, 1, 2, 5, 1001], [torch.float64, torch.float32, torch.int64]
+
+    def rank_fn(rank, gather):
+        shared = SharedMemoryAllReduce.open(rank, world_size, gather, timeout=30, capacity=256)
+        assert shared is not None
+        out = {}
+        for dtype in dtypes:
+            for n in lengths:
+                x = tensors_of(rank, n, dtype)
+                shared.all_reduce(x)
+                out[(dtype, n)] = x
+        return out
+
+    results = Threads(world_size).run(rank_fn)
+    for dtype in dtypes:
+        for n in lengths:
+            want = sum(tensors_of(r, n, dtype).double() for r in range(world_size))
+            got = [res[(dtype, n)] for res in results]
+            assert all(torch.equal(g, got[0]) for g in got), (dtype, n, "ranks disagree")
+            tol = 1e-5 if dtype == torch.float32 else 1e-12
+            assert torch.allclose(got[0].double(), want, atol=tol), (dtype, n)
+
+
+def test_nothing_is_left_in_the_shared_directory():
+    directory = _memory_directory()
+    assert directory is not None, "this machine should have /dev/shm or a tmpfs /tmp"
+    before = set(directory.glob("lib_dist-allreduce-*"))
+    results = Threads(3).run(lambda rank, gather: SharedMemoryAllReduce.open(
+        rank, 3, gather, timeout=30, capacity=1024))
+    assert all(r is not None for r in results)
+    assert set(directory.glob("lib_dist-allreduce-*")) == before
+
+
+def test_ranks_on_different_hosts_get_none_everywhere():
+    def rank_fn(rank, gather):
+        def as_if_on_two_hosts(value):
+            values = gather(value)
+            return [("elsewhere", *v[1:]) if r == 1 and isinstance(v, tuple) else v
+                    for r, v in enumerate(values)]
+        return SharedMemoryAllReduce.open(rank, 2, as_if_on_two_hosts, timeout=30)
+
+    assert Threads(2).run(rank_fn) == [None, None]
+
+
+def test_a_rank_that_never_arrives_is_named_after_the_timeout():
+    def rank_fn(rank, gather):
+        shared = SharedMemoryAllReduce.open(rank, 3, gather, timeout=0.5, capacity=1024)
+        if rank == 2:
+            return "skipped the all-reduce"
+        try:
+            shared.all_reduce(torch.ones(10))
+        except CommTimeout as e:
+            return str(e)
+
+    results = Threads(3).run(rank_fn)
+    for rank in (0, 1):
+        assert results[rank].startswith(f"rank {rank}: all_reduce (shared memory) waited 0.5 s")
+        assert "rank(s) 2 to finish copying its tensor in" in results[rank]
+
+
+def on_engines(comm, skip_rank):
+    import torch
+
+    if comm.rank == skip_rank:
+        return "skipped"
+    return comm.all_reduce(torch.full((1000,), float(comm.rank)), algorithm="shared_memory")
+
+
+def test_engines_use_it_and_a_missing_rank_fails_the_run_instead_of_hanging():
+    with Cluster(3, timeout=5) as cluster:
+        sums = cluster.run(on_engines, None)
+        assert all(torch.equal(s, torch.full((1000,), 3.0)) for s in sums)
+        with pytest.raises(RankFailure) as failure:
+            cluster.run(on_engines, 1, timeout=30)  # longer than the group's 5 s
+        text = str(failure.value)
+        assert "shared memory" in text and "rank(s) 1" in text
+        sums = cluster.run(on_engines, None)  # the cluster still works afterwards
+        assert all(torch.equal(s, torch.full((1000,), 3.0)) for s in sums)
