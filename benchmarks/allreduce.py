@@ -3,7 +3,10 @@
 All-reduces of a float32 tensor, on 2 and 4 ranks of a lib_dist `Cluster`:
 
 - ring: lab 3's `ring_all_reduce`, the instructor's solution loaded from solutions/ with
-  `lib_dist.extend.definitions` (2(N-1) messages of n/N elements over `comm.isend`/`irecv`);
+  `lib_dist.extend.definitions` (2(N-1) messages of n/N elements over `comm.isend`/`irecv`,
+  which go through shared memory: the engines share this host);
+- ring/sockets: the same function over torch.distributed's isend/irecv, gloo's loopback
+  sockets, what `comm` would use between hosts (or with LIB_DIST_MESSAGES=backend);
 - naive: `lib_dist.comm.algorithms.gather_broadcast` (every rank to rank 0 and back);
 - lib_dist: `comm.all_reduce`, lib_dist's default, whose tuner picks an algorithm per size;
 - gloo: `torch.distributed.all_reduce`, the baseline, and the same once more ("gloo again"):
@@ -39,7 +42,24 @@ from lib_dist.extend import definitions
 REPO = Path(__file__).resolve().parent.parent
 LAB = REPO / "solutions" / "lab03_collectives" / "lab03_collectives.ipynb"
 OUT = REPO / "benchmarks" / "out"
-VARIANTS = ("ring", "naive", "lib_dist", "gloo", "gloo again")
+VARIANTS = ("ring", "ring/sockets", "naive", "lib_dist", "gloo", "gloo again")
+
+
+class GlooSockets:
+    """`comm`'s point-to-point interface straight over torch.distributed: gloo's sockets."""
+
+    def __init__(self, comm):
+        self.rank, self.world_size = comm.rank, comm.world_size
+
+    def isend(self, tensor, dst):
+        import torch.distributed as dist
+
+        return dist.isend(tensor, dst)
+
+    def irecv(self, buffer, src):
+        import torch.distributed as dist
+
+        return dist.irecv(buffer, src)
 
 
 def prepare(comm, threads: int) -> dict:
@@ -57,7 +77,9 @@ def measure(comm, nbytes: int, rounds: int, ring_all_reduce) -> dict[str, list[f
     import torch.distributed as dist
 
     x = torch.ones(nbytes // 4)
+    sockets = GlooSockets(comm)
     calls = {"ring": lambda: ring_all_reduce(comm, x),
+             "ring/sockets": lambda: ring_all_reduce(sockets, x),
              "naive": lambda: gather_broadcast(comm, x.view(-1)),
              "lib_dist": lambda: comm.all_reduce(x),
              "gloo": lambda: dist.all_reduce(x), "gloo again": lambda: dist.all_reduce(x)}
@@ -98,14 +120,15 @@ def _slowest(per_rank: list[dict[str, list[float]]]) -> dict[str, list[float]]:
 
 
 def report(n: int, sizes: list[int], results: dict, tuner) -> list[str]:
+    shown = [v for v in VARIANTS if v != "gloo"]
     lines = [f"{n} ranks: time per all-reduce as a ratio to gloo's (medians)",
-             f"{'size':>9} {'gloo ms':>9} {'ring':>6} {'naive':>6} {'lib_dist':>8} "
-             f"{'gloo again':>10}  lib_dist runs"]
+             f"{'size':>9} {'gloo ms':>9} " + " ".join(f"{v:>12}" for v in shown)
+             + "  lib_dist runs"]
     for s in sizes:
         gloo = results[("gloo", s)][0]
-        ratios = [results[(v, s)][1] for v in ("ring", "naive", "lib_dist", "gloo again")]
-        lines.append(f"{_size(s):>9} {gloo * 1e3:9.3f} {ratios[0]:6.2f} {ratios[1]:6.2f} "
-                     f"{ratios[2]:8.2f} {ratios[3]:10.2f}  {tuner.choose(s)}")
+        lines.append(f"{_size(s):>9} {gloo * 1e3:9.3f} "
+                     + " ".join(f"{results[(v, s)][1]:12.2f}" for v in shown)
+                     + f"  {tuner.choose(s)}")
     return lines
 
 

@@ -146,6 +146,43 @@ def expected_collectives(world_size: int, rank: int, n: int,
 # -- failures ---------------------------------------------------------------------------------
 
 
+def assorted_messages(comm: Communicator, n: int) -> list[torch.Tensor] | None:
+    """Even rank r posts a run of messages to rank r + 1 at once: empty, 0-d, bool, int8,
+    complex, bfloat16 and a float32 of `n` elements (larger than a shared-memory channel);
+    rank r + 1 posts the receives at once and returns what arrived, which must be whole and
+    in order."""
+    g = torch.Generator().manual_seed(comm.rank // 2)
+    tensors = [torch.zeros(0), torch.tensor(3.5), torch.rand(7, generator=g) > 0.5,
+               torch.randint(-100, 100, (9,), generator=g, dtype=torch.int8),
+               torch.randn(5, generator=g, dtype=torch.complex64),
+               torch.randn(1000, generator=g).to(torch.bfloat16), torch.randn(n, generator=g)]
+    peer = comm.rank ^ 1
+    if peer >= comm.world_size:
+        return None
+    if comm.rank % 2 == 0:
+        wait_all([comm.isend(t, peer) for t in tensors])
+        return None
+    into = [torch.empty_like(t) for t in tensors]
+    wait_all([comm.irecv(b, peer) for b in into])
+    return into
+
+
+def delivered_while_blocked(comm: Communicator, n: int) -> torch.Tensor | None:
+    """Rank 1 posts a receive of `n` floats, then sits in a barrier before waiting for it;
+    rank 0's blocking send must complete anyway (the transport moves bytes in the background,
+    as gloo's thread does), or the two never meet in the barrier."""
+    if comm.rank == 0:
+        comm.send(data(0, n), 1)
+    elif comm.rank == 1:
+        buffer = torch.empty(n)
+        handle = comm.irecv(buffer, 0)
+        comm.barrier()
+        handle.wait()
+        return buffer
+    comm.barrier()
+    return None
+
+
 def both_send_first(comm: Communicator, n: int) -> None:
     """Ranks 0 and 1 each send to the other before receiving: with rendezvous sends, a
     deadlock. Other ranks do nothing."""
@@ -161,7 +198,7 @@ def both_send_first(comm: Communicator, n: int) -> None:
 
 
 def torch_rank_main(rank: int, world_size: int, port: int, timeout: float,
-                    checks: list[tuple[str, str, tuple]], queue) -> None:
+                    checks: list[tuple[str, str, tuple]], queue, messages: str) -> None:
     """One real rank: join the gloo group through the parent's TCPStore, run each check
     `(name, function name in this module, args)` with a fresh trace, and put
     `(rank, name, status, pickled payload, trace events as dicts)` on `queue`, status "ok"
@@ -181,7 +218,8 @@ def torch_rank_main(rank: int, world_size: int, port: int, timeout: float,
         # Rendezvous here first, so that slow torch imports don't eat join_group's timeout.
         store.set(f"arrived/{rank}", "1")
         store.wait([f"arrived/{q}" for q in range(world_size)], timedelta(seconds=120))
-        comm = join_group(rank, world_size, store, timeout=timeout)
+        comm = join_group(rank, world_size, store, timeout=timeout, messages=messages)
+        assert comm.messages == messages, (comm.messages, messages)
         for name, fn_name, args in checks:
             comm.trace = Trace()
             try:

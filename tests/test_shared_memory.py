@@ -5,7 +5,7 @@ care), and real engines in the last test."""
 
 from __future__ import annotations
 
-import threading
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,47 +13,14 @@ import torch
 
 from lib_dist.cluster import Cluster
 from lib_dist.comm import CommTimeout
-from lib_dist.comm.shared_memory import SharedMemoryAllReduce, _memory_directory
+from lib_dist.comm.shared_files import memory_directory
+from lib_dist.comm.shared_memory import SharedMemoryAllReduce
 from lib_dist.errors import RankFailure
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rank_threads import Threads  # noqa: E402
+
 pytestmark = pytest.mark.timeout(120)
-
-
-class Threads:
-    """`world_size` ranks as threads, with the `gather` that `SharedMemoryAllReduce.open`
-    needs (every rank's value, in rank order)."""
-
-    def __init__(self, world_size: int):
-        self.n = world_size
-        self._slots: list = [None] * world_size
-        self._barrier = threading.Barrier(world_size, timeout=30)
-
-    def gather_for(self, rank: int):
-        def gather(value):
-            self._slots[rank] = value
-            self._barrier.wait()
-            out = list(self._slots)
-            self._barrier.wait()
-            return out
-        return gather
-
-    def run(self, fn) -> list:
-        results, errors = [None] * self.n, []
-
-        def body(rank):
-            try:
-                results[rank] = fn(rank, self.gather_for(rank))
-            except BaseException as e:  # reported below, by rank
-                errors.append((rank, e))
-
-        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        if errors:
-            raise errors[0][1]
-        return results
 
 
 def tensors_of(rank: int, length: int, dtype: torch.dtype) -> torch.Tensor:
@@ -90,7 +57,7 @@ def test_sums_match_and_every_rank_holds_the_same_bits(world_size):
 
 
 def test_nothing_is_left_in_the_shared_directory():
-    directory = _memory_directory()
+    directory = memory_directory()
     assert directory is not None, "this machine should have /dev/shm or a tmpfs /tmp"
     before = set(directory.glob("lib_dist-allreduce-*"))
     results = Threads(3).run(lambda rank, gather: SharedMemoryAllReduce.open(
@@ -144,3 +111,13 @@ def test_engines_use_it_and_a_missing_rank_fails_the_run_instead_of_hanging():
         assert "shared memory" in text and "rank(s) 1" in text
         sums = cluster.run(on_engines, None)  # the cluster still works afterwards
         assert all(torch.equal(s, torch.full((1000,), 3.0)) for s in sums)
+
+
+def test_no_room_in_shared_memory_means_none_everywhere():
+    """A tmpfs too small for the group's files (a container's 64 MB /dev/shm) is not used:
+    touching a page it cannot hold would kill the process with SIGBUS."""
+    from lib_dist.comm.shared_files import map_shared_files
+
+    huge = 1 << 50
+    got = Threads(2).run(lambda rank, gather: map_shared_files(rank, 2, gather, huge, "test"))
+    assert got == [None, None]

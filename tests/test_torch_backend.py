@@ -1,8 +1,9 @@
 """TorchCommunicator over real gloo processes: the algorithms of tests/algorithms.py give the
 same results and the same point-to-point traces as on the simulated world, the native
-collectives agree with local computation, and a deadlock ends in CommTimeout.
+collectives agree with local computation, and a deadlock ends in CommTimeout. All of it with
+messages through shared memory (the default on one host) and through gloo's own sockets.
 
-Each world size is one spawned run (torch imports cost seconds per process) executing every
+Each world size and transport is one spawned run (torch imports cost seconds per process) executing every
 check in turn; the tests below read its results. The deadlock runs last, as a timed-out gloo
 group is unusable.
 """
@@ -44,6 +45,8 @@ CHECKS = [
     ("ring", "ring_pass", (6,)),
     ("ring_all_reduce", "ring_all_reduce", (8,)),
     ("gather_then_broadcast", "gather_then_broadcast", (N,)),
+    ("assorted", "assorted_messages", (3_000_000,)),  # 12 MB: more than a channel holds
+    ("blocked", "delivered_while_blocked", (3_000_000,)),
     ("barrier", "barrier_twice", ()),
     ("collectives", "collectives", (N, SCATTER_LENGTHS)),
 ]
@@ -74,14 +77,15 @@ class Outcome:
         return Trace.merge([self.checks[name][r][2] for r in range(self.world_size)])
 
 
-def spawn_run(world_size: int, checks: list, timeout: float, budget: float = 90.0) -> Outcome:
+def spawn_run(world_size: int, messages: str, checks: list, timeout: float,
+              budget: float = 90.0) -> Outcome:
     """Spawn `world_size` gloo ranks running `checks`; collect their reports; leave no child
     process behind, whatever happens."""
     ctx = mp.get_context("spawn")
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     reports = ctx.Queue()
     procs = [ctx.Process(target=alg.torch_rank_main, name=f"gloo-rank-{r}", daemon=True,
-                         args=(r, world_size, store.port, timeout, checks, reports))
+                         args=(r, world_size, store.port, timeout, checks, reports, messages))
              for r in range(world_size)]
     out = Outcome(world_size)
     start = time.monotonic()
@@ -121,23 +125,26 @@ def spawn_run(world_size: int, checks: list, timeout: float, budget: float = 90.
     return out
 
 
-_RUNS: dict[int, Outcome] = {}
+_RUNS: dict[tuple[int, str], Outcome] = {}
+TRANSPORTS = ("shared_memory", "backend")
 
 
-def gloo_world(world_size: int) -> Outcome:
-    """The spawned run of this world size, made once per session."""
-    if world_size not in _RUNS:
+def gloo_world(world_size: int, messages: str) -> Outcome:
+    """The spawned run of this world size and transport, made once per session."""
+    key = (world_size, messages)
+    if key not in _RUNS:
         if world_size == 2:  # both-send-first at the end: the group times out and is done
             checks = CHECKS + [("deadlock", "both_send_first", (4,))]
-            _RUNS[world_size] = spawn_run(world_size, checks, timeout=DEADLOCK_TIMEOUT)
+            _RUNS[key] = spawn_run(world_size, messages, checks, timeout=DEADLOCK_TIMEOUT)
         else:
-            _RUNS[world_size] = spawn_run(world_size, CHECKS, timeout=30.0)
-    return _RUNS[world_size]
+            _RUNS[key] = spawn_run(world_size, messages, CHECKS, timeout=30.0)
+    return _RUNS[key]
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"world{n}")
+@pytest.fixture(scope="module", params=[(n, m) for m in TRANSPORTS for n in (2, 4)],
+                ids=lambda p: f"world{p[0]}-{p[1]}")
 def gloo_run(request) -> Outcome:
-    return gloo_world(request.param)
+    return gloo_world(*request.param)
 
 
 def simulated(world_size: int, fn_name: str, args: tuple) -> tuple[list[object], Trace]:
@@ -199,8 +206,9 @@ def test_native_collectives_match_local_computation_and_simulated(gloo_run):
 # -- failure ------------------------------------------------------------------------------------
 
 
-def test_both_send_first_times_out_on_both_ranks():
-    run = gloo_world(2)
+@pytest.mark.parametrize("messages", TRANSPORTS)
+def test_both_send_first_times_out_on_both_ranks(messages):
+    run = gloo_world(2, messages)
     assert all(run.checks[name][r][0] == "ok" for name, _, _ in CHECKS for r in (0, 1))
     reports = run.checks["deadlock"]
     assert sorted(reports) == [0, 1]

@@ -6,9 +6,8 @@ all-reduce goes through shared memory too, because gloo's loopback sockets copy 
 twice and wake a thread per message. `SharedMemoryAllReduce` is that path for lib_dist's
 gloo groups; `TorchCommunicator.all_reduce`'s tuner runs it when it is the fastest.
 
-Every rank maps one file per rank from a memory-backed directory (/dev/shm, else the temp
-directory): a header holding the rank's arrival counter, then two halves of `capacity`
-bytes each. A tensor is reduced in pieces of at most `capacity` bytes, using the two halves
+Every rank maps one file per rank (`lib_dist.comm.shared_files`): a header holding the
+rank's arrival counter, then two halves of `capacity` bytes each. A tensor is reduced in pieces of at most `capacity` bytes, using the two halves
 in turn. For each piece:
 
 1. every rank copies its piece into its own half and arrives (barrier);
@@ -28,24 +27,18 @@ it after `timeout` seconds.
 from __future__ import annotations
 
 import os
-import secrets
-import socket
-import tempfile
 import time
-from pathlib import Path
-from typing import Callable
 
 import torch
 
 from .base import chunk_bounds
 from .errors import CommTimeout
+from .shared_files import Gather, map_shared_files
 
 CAPACITY = 8 << 20  # bytes per half: a piece of a larger tensor
 HEADER = 64  # bytes before the halves: the arrival counter, then padding to a cache line
 SPIN = 2e-3  # seconds of yielding before a waiting rank starts to sleep
 MAX_NAP = 1e-3  # longest sleep between two looks at the counters
-
-Gather = Callable[[object], list]  # all_gather_object-like: this rank's value -> every rank's
 
 
 class SharedMemoryAllReduce:
@@ -64,23 +57,10 @@ class SharedMemoryAllReduce:
     @classmethod
     def open(cls, rank: int, world_size: int, gather: Gather, timeout: float,
              capacity: int = CAPACITY) -> SharedMemoryAllReduce | None:
-        """Map every rank's file; None on every rank if any rank cannot (ranks on several
-        hosts, no writable memory-backed directory). Collective: `gather(value)` must return
-        every rank's value, in rank order (`torch.distributed.all_gather_object`)."""
-        directory = _memory_directory()
-        places = gather((socket.gethostname(), str(directory), secrets.token_hex(8)))
-        if directory is None or len({p[:2] for p in places}) != 1:
-            return None
-        token = places[0][2]
-        paths = [directory / f"lib_dist-allreduce-{token}-{r}" for r in range(world_size)]
-        size = HEADER + 2 * capacity
-        made = _try(lambda: _create(paths[rank], size))
-        files = _try(lambda: [torch.from_file(str(p), shared=True, size=size, dtype=torch.uint8)
-                              for p in paths]) if all(gather(made)) else None
-        everyone_mapped = all(gather(files is not None))
-        if made:
-            paths[rank].unlink(missing_ok=True)  # the mappings outlive the name: nothing leaks
-        return cls(rank, world_size, files, capacity, timeout) if everyone_mapped else None
+        """Map every rank's buffers; None on every rank if the ranks cannot share memory
+        (see `map_shared_files`, which also says what `gather` is). Collective."""
+        files = map_shared_files(rank, world_size, gather, HEADER + 2 * capacity, "allreduce")
+        return None if files is None else cls(rank, world_size, files, capacity, timeout)
 
     def all_reduce(self, flat: torch.Tensor) -> None:
         """Sum the contiguous 1-d `flat` over all ranks, in place. Every rank calls it with a
@@ -130,40 +110,3 @@ class SharedMemoryAllReduce:
             else:
                 time.sleep(nap)
                 nap = min(2 * nap, MAX_NAP)
-
-
-def _memory_directory() -> Path | None:
-    """A writable directory whose files live in memory: /dev/shm, else the temp directory if
-    it is a tmpfs. None if neither is."""
-    for candidate in (Path("/dev/shm"), Path(tempfile.gettempdir())):
-        if os.access(candidate, os.W_OK) and _is_tmpfs(candidate):
-            return candidate
-    return None
-
-
-def _is_tmpfs(path: Path) -> bool:
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return False
-    best, kind = "", ""
-    target = str(path.resolve())
-    for line in mounts:
-        fields = line.split()
-        if len(fields) > 2 and (target == fields[1] or target.startswith(fields[1].rstrip("/") + "/")):
-            if len(fields[1]) >= len(best):
-                best, kind = fields[1], fields[2]
-    return kind == "tmpfs"
-
-
-def _create(path: Path, size: int) -> bool:
-    with open(path, "xb") as f:
-        f.truncate(size)
-    return True
-
-
-def _try(make):
-    try:
-        return make()
-    except (OSError, RuntimeError):
-        return None

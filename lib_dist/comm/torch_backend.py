@@ -8,8 +8,13 @@ tensor size (`lib_dist.comm.tuner`, calibrated on the group's first all-reduce).
 Force one with `all_reduce(t, algorithm="ring")`, `comm.all_reduce_algorithm = "native"`,
 or the environment variable `LIB_DIST_ALL_REDUCE` (read when the communicator is made).
 
-A gloo operation that times out closes its connection, so after a `CommTimeout` the group is
-unusable: destroy it and join a new one (`lib_dist.cluster` does this for you).
+Messages (`send`, `recv`, `isend`, `irecv`) go through shared memory when every rank of a gloo
+group runs on one host (`lib_dist.comm.shared_messages`, as MPI and NCCL do within a node),
+else through the backend's own point-to-point operations; see `join_group`'s `messages`.
+
+An operation that times out leaves the group unusable (gloo closes the connection; shared
+memory channels are left mid-message): destroy it and join a new one (`lib_dist.cluster`
+does this for you).
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ from .algorithms import ALGORITHMS
 from .base import Communicator, Handle, ReduceOp, _check_op, _nbytes, chunk_bounds
 from .errors import CommError, CommTimeout
 from .shared_memory import SharedMemoryAllReduce
+from .shared_messages import SharedMemoryMessages
 from .trace import Trace
 from .tuner import NATIVE, SHARED_MEMORY, SHAPES, TunerModel, calibrate, native_only
 
 DEFAULT_TIMEOUT = 60.0
 AUTO = "auto"
 ALL_REDUCE_CHOICES = (AUTO, NATIVE, *ALGORITHMS, SHARED_MEMORY)
+BACKEND = "backend"
+MESSAGE_CHOICES = (AUTO, SHARED_MEMORY, BACKEND)
 _TAG = 0x1D  # the tag of the messages inside lib_dist's collectives: apart from the user's
 
 
@@ -42,11 +50,14 @@ def pick_backend(device: torch.device) -> str:
 
 
 def join_group(rank: int, world_size: int, store: dist.Store, device: torch.device | str = "cpu",
-               timeout: float = DEFAULT_TIMEOUT) -> TorchCommunicator:
+               timeout: float = DEFAULT_TIMEOUT, messages: str | None = None) -> TorchCommunicator:
     """Join the default process group through `store` and return this rank's communicator.
 
     Every rank must call this at the same time. `timeout` (seconds) bounds the rendezvous and
-    every later operation, instead of torch's 30-minute default.
+    every later operation, instead of torch's 30-minute default. `messages`: how sends and
+    receives travel: "auto" (shared memory when the group is gloo's and on one host, else
+    the backend's; the default, or the environment variable `LIB_DIST_MESSAGES`),
+    "shared_memory" (an error where it cannot be) or "backend" (gloo's sockets, NCCL).
     """
     device = torch.device(device)
     if dist.is_initialized():
@@ -55,7 +66,14 @@ def join_group(rank: int, world_size: int, store: dist.Store, device: torch.devi
         torch.cuda.set_device(device)
     dist.init_process_group(pick_backend(device), store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout))
-    return TorchCommunicator(device, timeout)
+    global _joined
+    if _joined is not None:
+        _joined.close()
+    _joined = TorchCommunicator(device, timeout, messages=messages)
+    return _joined
+
+
+_joined: TorchCommunicator | None = None  # this process's communicator, closed on a rejoin
 
 
 class _TorchHandle(Handle):
@@ -73,10 +91,11 @@ class _TorchHandle(Handle):
 
 
 class TorchCommunicator(Communicator):
-    """This process's rank of the default torch.distributed group."""
+    """This process's rank of the default torch.distributed group. Making one is collective
+    (the ranks agree on how messages travel, see `join_group`)."""
 
     def __init__(self, device: torch.device | str = "cpu", timeout: float = DEFAULT_TIMEOUT,
-                 trace: Trace | None = None):
+                 trace: Trace | None = None, messages: str | None = None):
         if not dist.is_initialized():
             raise CommError("no torch.distributed group: call lib_dist.comm.join_group first")
         super().__init__(dist.get_rank(), dist.get_world_size(), device, trace)
@@ -84,13 +103,36 @@ class TorchCommunicator(Communicator):
         self.backend = dist.get_backend()
         self.all_reduce_algorithm = _check_algorithm(os.environ.get("LIB_DIST_ALL_REDUCE", AUTO))
         self.tuner: TunerModel | None = None  # calibrated on the first tuned all_reduce
-        self._direct = _Direct(self.rank, self.world_size)
+        self._messages = self._open_messages(
+            _check_messages(messages or os.environ.get("LIB_DIST_MESSAGES", AUTO)))
+        self.messages = SHARED_MEMORY if self._messages else BACKEND  # how messages travel
+        self._direct = _Direct(self.rank, self.world_size, self._messages)
         self._shared: SharedMemoryAllReduce | None | bool = False  # False: not tried yet
 
+    def _open_messages(self, choice: str) -> SharedMemoryMessages | None:
+        if choice == BACKEND or self.world_size == 1:
+            return None
+        shared = (SharedMemoryMessages.open(self.rank, self.world_size, _all_gather_object,
+                                            self.timeout) if self.backend == "gloo" else None)
+        if shared is None and choice == SHARED_MEMORY:
+            raise CommError(f"rank {self.rank}: messages='shared_memory' needs every rank of a "
+                            f"gloo group on one host, with /dev/shm or a tmpfs temp directory; "
+                            f"use 'auto'")
+        return shared
+
+    def close(self) -> None:
+        """Stop this communicator's shared-memory transport (its group is being replaced)."""
+        if self._messages is not None:
+            self._messages.close()
+
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
+        if self._messages is not None:
+            return _SharedHandle(self._messages.isend(tensor, dst))
         return _TorchHandle(self, dist.isend(tensor, dst), f"send to rank {dst}")
 
     def _post_recv(self, buffer: torch.Tensor, src: int) -> Handle:
+        if self._messages is not None:
+            return _SharedHandle(self._messages.irecv(buffer, src))
         return _TorchHandle(self, dist.irecv(buffer, src), f"recv from rank {src}")
 
     def world_barrier(self) -> None:
@@ -205,17 +247,33 @@ class TorchCommunicator(Communicator):
         return CommError(f"rank {self.rank}: {what} failed: {text.splitlines()[0][:300]}")
 
 
+class _SharedHandle(Handle):
+    def __init__(self, message):
+        self._message = message
+
+    def wait(self) -> None:
+        self._message.wait()
+
+    def is_completed(self) -> bool:
+        return self._message.is_completed()
+
+
 class _Direct:
-    """isend/irecv straight to torch.distributed, on lib_dist's own tag: the messages inside a
-    collective, which the trace does not record and a user's pending receive cannot take."""
+    """isend/irecv on lib_dist's own tag (or lane): the messages inside a collective, which
+    the trace does not record and a user's pending receive cannot take. They travel as the
+    user's do: through shared memory when `messages` is given, else torch.distributed."""
 
-    def __init__(self, rank: int, world_size: int):
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, rank: int, world_size: int, messages: SharedMemoryMessages | None):
+        self.rank, self.world_size, self._messages = rank, world_size, messages
 
-    def isend(self, tensor: torch.Tensor, dst: int) -> dist.Work:
+    def isend(self, tensor: torch.Tensor, dst: int):
+        if self._messages is not None:
+            return self._messages.isend(tensor, dst, lane=1)
         return dist.isend(tensor, dst, tag=_TAG)
 
-    def irecv(self, buffer: torch.Tensor, src: int) -> dist.Work:
+    def irecv(self, buffer: torch.Tensor, src: int):
+        if self._messages is not None:
+            return self._messages.irecv(buffer, src, lane=1)
         return dist.irecv(buffer, src, tag=_TAG)
 
 
@@ -241,6 +299,13 @@ def _all_gather_object(value: object) -> list:
 def _slowest(t: torch.Tensor) -> torch.Tensor:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t
+
+
+def _check_messages(name: str) -> str:
+    if name not in MESSAGE_CHOICES:
+        raise ValueError(f"messages must be one of {', '.join(MESSAGE_CHOICES)} (from the "
+                         f"argument or LIB_DIST_MESSAGES); got {name!r}")
+    return name
 
 
 def _check_algorithm(name: str) -> str:

@@ -1,0 +1,343 @@
+"""Point-to-point messages through shared memory, between ranks on one host.
+
+gloo sends every message over a loopback TCP socket, even between processes on one machine:
+each byte is copied into the kernel and out again, and a thread wakes per message. MPI and
+NCCL move intra-node messages through shared memory instead, and so does
+`TorchCommunicator` when every rank of its gloo group runs on one host (see its `messages`
+argument): `SharedMemoryMessages` is that transport. The contract is the communicator's
+(`lib_dist.comm.base`): a send completes once the receiver has taken the whole message, so
+two ranks that both send first still deadlock, and messages between two ranks arrive in the
+order they were sent.
+
+Layout: each rank maps every rank's file (`lib_dist.comm.shared_files`). Rank s's file
+holds, for every destination d and lane (the user's messages, and lib_dist's own inside
+collectives, which must never match each other), a channel of `SLOTS` slots of `SLOT` bytes
+and a counter `sent[lane][d]` of the pieces it has published there; rank d's file holds
+`taken[lane][s]`, the pieces it has consumed. A message goes in pieces of at most `SLOT`
+bytes: piece p goes to slot p % SLOTS once `p - taken < SLOTS`, then `sent` becomes p + 1;
+the receiver copies it out and sets `taken` to p + 1. Every counter has a single writer,
+written after the bytes it announces (x86 keeps stores in order; elsewhere the lock around
+every progress step orders them).
+
+Progress: a thread per rank moves the pieces of every pending operation, as gloo's own
+thread does, so that a rank blocked elsewhere (in a barrier, say) still delivers what it
+posted. The posting thread moves what it can at once, and a thread in `wait()` moves bytes
+itself for a while, so that no thread needs waking when its message completes; the
+progress thread stands back until the rank's own threads have left the operations alone
+for `SETTLE` (two threads of one process polling would fight over the GIL). A thread with nothing to move yields its core first (ranks often
+share cores), then sleeps in growing naps of up to a millisecond.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import deque
+
+import torch
+
+from .errors import CommError, CommTimeout, MismatchError
+from .shared_files import Gather, map_shared_files
+
+SLOT = 2 << 20  # bytes per piece: small enough that copying in and out overlap
+SLOTS = 4  # pieces in flight per channel
+LANES = 2  # 0: the user's messages; 1: those inside lib_dist's collectives
+LINE = 64  # bytes: counters and slot headers each get a cache line
+SPIN = 2e-3  # seconds of yielding the core before naps
+MAX_NAP = 1e-3
+SETTLE = 1e-3  # seconds the progress thread leaves operations to the rank's own threads
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+          torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+          torch.bool)
+
+
+class Message:
+    """A posted send or receive; `wait()` returns once it completed, or raises CommError."""
+
+    def __init__(self, kind: str, peer: int, lane: int, tensor: torch.Tensor, what: str,
+                 transport: SharedMemoryMessages):
+        self.kind, self.peer, self.lane, self.what = kind, peer, lane, what
+        self.tensor = tensor
+        # numpy copies on the calling thread: torch would start its thread pool for each
+        # piece, and waking those threads costs more than copying a piece
+        self.bytes = tensor.detach().reshape(-1).view(torch.uint8).numpy()
+        self.total = self.bytes.size
+        self.pieces = max(1, math.ceil(self.total / SLOT))
+        self.moved = 0  # pieces published (send) or copied out (receive)
+        self.last_piece: int | None = None  # a send's last piece, by channel count
+        self.deadline = time.monotonic() + transport.timeout
+        self.error: CommError | None = None
+        self._done = threading.Event()
+        self._transport = transport
+
+    def wait(self) -> None:
+        if not self._done.is_set():
+            self._transport._drive_until(self)
+        if not self._done.wait(self._transport.timeout + 5):  # the thread fails it first
+            raise CommTimeout(f"{self.what} did not complete")
+        if self.error is not None:
+            raise self.error
+
+    def is_completed(self) -> bool:
+        if not self._done.is_set():
+            self._transport._help(self)
+        return self._done.is_set()
+
+    def finish(self, error: CommError | None = None) -> None:
+        self.error = error
+        self._done.set()
+
+
+class SharedMemoryMessages:
+    """One rank's end of the transport. Make it with `open` (collective)."""
+
+    def __init__(self, rank: int, world_size: int, files: list[torch.Tensor], timeout: float):
+        self.rank, self.world_size, self.timeout = rank, world_size, timeout
+        self._files = files
+        self._counters = [f[: _counter_bytes(world_size)].view(torch.int64).numpy()
+                          for f in files]
+        self._sends = {(lane, peer): deque() for lane in range(LANES)
+                       for peer in range(world_size)}
+        self._recvs = {key: deque() for key in self._sends}
+        self._published = dict.fromkeys(self._sends, 0)
+        self._consumed = dict.fromkeys(self._sends, 0)
+        self._slots: dict[tuple[int, int, int, int], tuple] = {}
+        self._pending = 0
+        self._waiters = 0  # threads inside wait(), moving bytes themselves
+        self._touched = 0.0  # when a thread of the rank's own last posted or moved bytes
+        self._active_sends: set[tuple[int, int]] = set()  # keys of non-empty queues
+        self._active_recvs: set[tuple[int, int]] = set()
+        self._broken: str | None = None
+        self._closed = False
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._progress_forever, daemon=True,
+                                        name=f"lib_dist shared-memory messages, rank {rank}")
+        self._thread.start()
+
+    @classmethod
+    def open(cls, rank: int, world_size: int, gather: Gather,
+             timeout: float) -> SharedMemoryMessages | None:
+        """Map every rank's channels; None on every rank if the ranks cannot share memory
+        (see `map_shared_files`, which also says what `gather` is). Collective."""
+        files = map_shared_files(rank, world_size, gather, _file_bytes(world_size), "messages")
+        return None if files is None else cls(rank, world_size, files, timeout)
+
+    def isend(self, tensor: torch.Tensor, dst: int, lane: int = 0) -> Message:
+        """Start sending the contiguous `tensor` to rank `dst`."""
+        return self._post(Message("send", dst, lane, tensor, f"rank {self.rank}: send to rank "
+                                  f"{dst}", self), self._sends)
+
+    def irecv(self, buffer: torch.Tensor, src: int, lane: int = 0) -> Message:
+        """Start receiving rank `src`'s next message on `lane` into the contiguous `buffer`."""
+        return self._post(Message("recv", src, lane, buffer, f"rank {self.rank}: recv from "
+                                  f"rank {src}", self), self._recvs)
+
+    def close(self) -> None:
+        """Stop the progress thread; pending operations fail."""
+        with self._cv:
+            self._closed = True
+            self._fail_all("the communicator was closed")
+            self._cv.notify()
+
+    # -- progress ------------------------------------------------------------------------
+
+    def _post(self, message: Message, queues: dict) -> Message:
+        with self._cv:
+            if self._broken or self._closed:
+                message.finish(CommError(f"{message.what}: {self._broken or 'closed'}"))
+                return message
+            key = (message.lane, message.peer)
+            queues[key].append(message)
+            (self._active_sends if queues is self._sends else self._active_recvs).add(key)
+            self._pending += 1
+            self._touched = time.monotonic()
+            self._progress()
+            if self._pending == 1:  # the progress thread sleeps until there is work: wake it
+                self._cv.notify()
+        return message
+
+    def _help(self, message: Message) -> None:
+        with self._cv:
+            self._progress()
+
+    def _drive_until(self, message: Message) -> None:
+        """Move bytes in the waiting thread itself for up to `SPIN` seconds: no thread has
+        to be woken when the message completes (the progress thread stands back meanwhile).
+        Then leave it to the progress thread."""
+        start = time.monotonic()
+        with self._cv:
+            self._waiters += 1
+        try:
+            while True:
+                with self._cv:
+                    moved = self._progress()
+                    self._touched = time.monotonic()
+                if message._done.is_set() or time.monotonic() - start > SPIN:
+                    return
+                if not moved:
+                    os.sched_yield()
+        finally:
+            with self._cv:
+                self._waiters -= 1
+
+    def _progress_forever(self) -> None:
+        idle_since = None
+        with self._cv:
+            while not self._closed:
+                if not self._pending:
+                    self._cv.wait()
+                    idle_since = None
+                    continue
+                quiet = time.monotonic() - self._touched
+                if self._waiters or quiet < SETTLE:  # a thread of the rank's own is on it
+                    self._cv.wait(SETTLE - quiet if quiet < SETTLE else SETTLE)
+                    continue
+                if self._progress():
+                    idle_since = None
+                    continue
+                now = time.monotonic()
+                self._expire(now)
+                idle_since = idle_since or now
+                self._cv.release()
+                try:
+                    if now - idle_since < SPIN:
+                        os.sched_yield()
+                    else:
+                        time.sleep(min(MAX_NAP, (now - idle_since) / 10))
+                finally:
+                    self._cv.acquire()
+
+    def _progress(self) -> bool:
+        """Move every pending operation as far as it can go now; whether anything moved."""
+        moved = False
+        for key in [k for k in self._active_sends if self._sends[k]]:
+            moved |= self._push(key, self._sends[key])
+        for key in [k for k in self._active_recvs if self._recvs[k]]:
+            moved |= self._pull(key, self._recvs[key])
+        self._active_sends = {k for k in self._active_sends if self._sends[k]}
+        self._active_recvs = {k for k in self._active_recvs if self._recvs[k]}
+        return moved
+
+    def _push(self, key: tuple[int, int], queue: deque) -> bool:
+        lane, peer = key
+        taken = int(self._counters[peer][_taken(self.world_size, lane, self.rank)])
+        moved = False
+        while queue and queue[0].last_piece is not None and taken > queue[0].last_piece:
+            self._complete(queue.popleft())
+            moved = True
+        for message in queue:
+            while message.moved < message.pieces:
+                if self._published[key] - taken >= SLOTS:
+                    return moved
+                self._write_piece(key, message)
+                moved = True
+        return moved
+
+    def _write_piece(self, key: tuple[int, int], message: Message) -> None:
+        lane, peer = key
+        piece = self._published[key]
+        header, data = self._slot(self.rank, lane, peer, piece % SLOTS)
+        lo = message.moved * SLOT
+        hi = min(lo + SLOT, message.total)
+        data[: hi - lo] = message.bytes[lo:hi]
+        header[:4] = (message.total, hi - lo, _dtype_code(message.tensor),
+                      message.tensor.numel())
+        message.moved += 1
+        if message.moved == message.pieces:
+            message.last_piece = piece
+        self._published[key] = piece + 1
+        self._counters[self.rank][_sent(self.world_size, lane, peer)] = piece + 1
+
+    def _pull(self, key: tuple[int, int], queue: deque) -> bool:
+        lane, peer = key
+        sent = int(self._counters[peer][_sent(self.world_size, lane, self.rank)])
+        moved = False
+        while queue and self._consumed[key] < sent:
+            message, piece = queue[0], self._consumed[key]
+            header, data = self._slot(peer, lane, self.rank, piece % SLOTS)
+            total, nbytes, code, numel = (int(v) for v in header[:4])
+            if message.moved == 0 and (total, code) != (message.total,
+                                                        _dtype_code(message.tensor)):
+                queue.popleft()
+                self._broken = "a message did not fit its receive buffer"
+                self._complete(message, MismatchError(
+                    f"{message.what}: the message holds {numel} elements of "
+                    f"{_dtype_name(code)} ({total} bytes) but the buffer has "
+                    f"{message.tensor.numel()} of {message.tensor.dtype} ({message.total} "
+                    f"bytes); shapes and dtypes of a send and its receive must match"))
+                return True
+            lo = message.moved * SLOT
+            message.bytes[lo: lo + nbytes] = data[:nbytes]
+            message.moved += 1
+            self._consumed[key] = piece + 1
+            self._counters[self.rank][_taken(self.world_size, lane, peer)] = piece + 1
+            moved = True
+            if message.moved == message.pieces:
+                self._complete(queue.popleft())
+        return moved
+
+    def _complete(self, message: Message, error: CommError | None = None) -> None:
+        self._pending -= 1
+        message.finish(error)
+
+    def _expire(self, now: float) -> None:
+        """Fail operations past their deadline: the channel is then out of step, and the
+        group unusable, as a gloo group is after a timeout."""
+        late = [m for queues in (self._sends, self._recvs) for q in queues.values() for m in q
+                if m.deadline < now]
+        if late:
+            self._broken = "an earlier operation timed out; the group must be rebuilt"
+            for m in late:
+                self._remove(m)
+                m.finish(CommTimeout(f"{m.what} did not complete within {self.timeout:g} s; "
+                                     f"the group is now unusable and must be rebuilt"))
+
+    def _fail_all(self, reason: str) -> None:
+        for queues in (self._sends, self._recvs):
+            for queue in queues.values():
+                while queue:
+                    message = queue.popleft()
+                    self._complete(message, CommError(f"{message.what}: {reason}"))
+
+    def _remove(self, message: Message) -> None:
+        queues = self._sends if message.kind == "send" else self._recvs
+        queues[(message.lane, message.peer)].remove(message)
+        self._pending -= 1
+
+    def _slot(self, owner: int, lane: int, dst: int, slot: int) -> tuple:
+        """The header (as int64 numbers) and the bytes of a slot of `owner`'s channel."""
+        key = (owner, lane, dst, slot)
+        if key not in self._slots:
+            n, file = self.world_size, self._files[owner]
+            start = _counter_bytes(n) + ((lane * n + dst) * SLOTS + slot) * (LINE + SLOT)
+            self._slots[key] = (file[start: start + 32].view(torch.int64).numpy(),
+                                file[start + LINE: start + LINE + SLOT].numpy())
+        return self._slots[key]
+
+
+def _sent(n: int, lane: int, dst: int) -> int:
+    """Index (in int64 numbers) of the counter of pieces published to `dst` on `lane`."""
+    return (lane * n + dst) * (LINE // 8)
+
+
+def _taken(n: int, lane: int, src: int) -> int:
+    """Index of the counter of pieces consumed from `src` on `lane`."""
+    return ((LANES + lane) * n + src) * (LINE // 8)
+
+
+def _counter_bytes(n: int) -> int:
+    return 2 * LANES * n * LINE
+
+
+def _file_bytes(n: int) -> int:
+    return _counter_bytes(n) + LANES * n * SLOTS * (LINE + SLOT)
+
+
+def _dtype_code(tensor: torch.Tensor) -> int:
+    return DTYPES.index(tensor.dtype) if tensor.dtype in DTYPES else -1
+
+
+def _dtype_name(code: int) -> str:
+    return str(DTYPES[code]) if 0 <= code < len(DTYPES) else "another dtype"
