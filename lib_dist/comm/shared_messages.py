@@ -163,20 +163,22 @@ class SharedMemoryMessages:
             self._progress()
 
     def _drive_until(self, message: Message) -> None:
-        """Move bytes in the waiting thread itself for up to `SPIN` seconds: no thread has
-        to be woken when the message completes (the progress thread stands back meanwhile).
-        Then leave it to the progress thread."""
-        start = time.monotonic()
+        """Move bytes in the waiting thread itself until `message` completes or nothing has
+        moved for `SPIN` seconds: no thread has to be woken when the message completes (the
+        progress thread stands back meanwhile). Then leave it to the progress thread."""
+        last_move = time.monotonic()
         with self._cv:
             self._waiters += 1
         try:
-            while True:
+            while not message._done.is_set():
                 with self._cv:
                     moved = self._progress()
-                    self._touched = time.monotonic()
-                if message._done.is_set() or time.monotonic() - start > SPIN:
+                    now = self._touched = time.monotonic()
+                if moved:
+                    last_move = now
+                elif now - last_move > SPIN:
                     return
-                if not moved:
+                else:
                     os.sched_yield()
         finally:
             with self._cv:

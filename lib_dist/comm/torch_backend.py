@@ -1,7 +1,8 @@
 """The communicator over a real torch.distributed process group: gloo on CPU, NCCL on GPUs.
 
-`join_group` starts the group; `TorchCommunicator` wraps it. Point-to-point operations map
-to `dist.isend`/`dist.irecv`; the collectives are torch.distributed's native ones, except
+`join_group` starts the group; `TorchCommunicator` wraps it. Point-to-point operations go
+through shared memory or map to `dist.isend`/`dist.irecv` (below); the collectives are
+torch.distributed's native ones, except
 `all_reduce` on gloo, which picks the fastest of `lib_dist.comm.algorithms`, gloo's own and,
 when every rank runs on one host, shared memory (`lib_dist.comm.shared_memory`) for each
 tensor size (`lib_dist.comm.tuner`, calibrated on the group's first all-reduce).
