@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from lib_dist.comm import Communicator, chunk_bounds, wait_all
+from lib_dist.comm.algorithms import gather_broadcast
 
 
 def data(rank: int, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -77,19 +78,10 @@ def ring_all_reduce(comm: Communicator, n: int) -> torch.Tensor:
 
 
 def gather_then_broadcast(comm: Communicator, n: int) -> torch.Tensor:
-    """All-reduce (sum) through rank 0: every rank sends its n float32 to rank 0, which adds
-    them up and sends the total back to each."""
+    """All-reduce (sum) through rank 0 (`lib_dist.comm.algorithms.gather_broadcast`): every
+    rank sends its n float32 to rank 0, which adds them up and sends the total back to each."""
     x = data(comm.rank, n)
-    others = range(1, comm.world_size)
-    if comm.rank == 0:
-        bufs = [torch.empty(n) for _ in others]
-        wait_all([comm.irecv(b, src) for b, src in zip(bufs, others)])
-        for b in bufs:
-            x += b
-        wait_all([comm.isend(x, dst) for dst in others])
-    else:
-        comm.send(x, 0)
-        comm.recv(x, 0)
+    gather_broadcast(comm, x)
     return x
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from .base import chunk_bounds
+from .base import chunk_bounds, wait_all
 from .trace import AlphaBeta
 
 StepHook = Callable[[int], None]
@@ -89,13 +89,13 @@ def gather_broadcast(comm: Any, flat: torch.Tensor) -> None:
         return
     if comm.rank == 0:
         bufs = [torch.empty_like(flat) for _ in others]
-        _wait([comm.irecv(b, src) for b, src in zip(bufs, others)])
+        wait_all([comm.irecv(b, src) for b, src in zip(bufs, others)])
         for b in bufs:
             flat += b
-        _wait([comm.isend(flat, dst) for dst in others])
+        wait_all([comm.isend(flat, dst) for dst in others])
     else:
-        _wait([comm.isend(flat, 0)])
-        _wait([comm.irecv(flat, 0)])
+        wait_all([comm.isend(flat, 0)])
+        wait_all([comm.irecv(flat, 0)])
 
 
 def recursive_doubling(comm: Any, flat: torch.Tensor) -> None:
@@ -144,12 +144,7 @@ def _exchange(comm: Any, out: torch.Tensor, dst: int, into: torch.Tensor, src: i
     handles = [comm.irecv(into, src)] if into.numel() else []
     if out.numel():
         handles.append(comm.isend(out, dst))
-    _wait(handles)
-
-
-def _wait(handles: list) -> None:
-    for h in handles:
-        h.wait()
+    wait_all(handles)
 
 
 def _with_power_of_two(comm: Any, flat: torch.Tensor,
@@ -161,17 +156,17 @@ def _with_power_of_two(comm: Any, flat: torch.Tensor,
     if not flat.numel():
         return
     if r >= p:  # an extra rank: hand the tensor to its partner, wait for the total
-        _wait([comm.isend(flat, r - p)])
-        _wait([comm.irecv(flat, r - p)])
+        wait_all([comm.isend(flat, r - p)])
+        wait_all([comm.irecv(flat, r - p)])
         return
     extra = r + p < n
     if extra:
         buf = torch.empty_like(flat)
-        _wait([comm.irecv(buf, r + p)])
+        wait_all([comm.irecv(buf, r + p)])
         flat += buf
     rounds(list(range(p)), r)
     if extra:
-        _wait([comm.isend(flat, r + p)])
+        wait_all([comm.isend(flat, r + p)])
 
 
 def _log2_floor(n: int) -> int:

@@ -14,12 +14,25 @@ import os
 import secrets
 import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 Gather = Callable[[object], list]  # all_gather_object-like: this rank's value -> every rank's
+SPIN = 2e-3  # seconds a waiting rank yields its core before it starts to nap
+MAX_NAP = 1e-3  # longest nap between two looks at the other ranks' numbers
+
+
+def pause(waited: float) -> None:
+    """Let other processes run while this one waits for another rank, `waited` seconds so
+    far: yield the core at first (ranks often share cores, and the rank awaited may need this
+    one), then sleep in naps growing to `MAX_NAP`."""
+    if waited < SPIN:
+        os.sched_yield()
+    else:
+        time.sleep(min(MAX_NAP, waited / 10))
 
 
 def map_shared_files(rank: int, world_size: int, gather: Gather, nbytes: int,

@@ -16,8 +16,8 @@ in turn. For each piece:
 3. every rank copies slice j from rank j's half: the all-gather.
 
 Each rank writes only its own file and reads the others', so no atomic operation is needed:
-a barrier is every rank's counter reaching a value, polled with `os.sched_yield` (ranks
-often share cores) and then with short sleeps. The third step needs no barrier: the next
+a barrier is every rank's counter reaching a value, polled with `shared_files.pause` in
+between. The third step needs no barrier: the next
 piece writes the other half, and its step 2 barrier proves everyone finished this piece's
 step 3 before that half is written again. Each element is summed once, so every rank ends
 with the same bits. A rank that stops arriving makes the others raise `CommTimeout` naming
@@ -26,19 +26,16 @@ it after `timeout` seconds.
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 
 from .base import chunk_bounds
 from .errors import CommTimeout
-from .shared_files import Gather, map_shared_files
+from .shared_files import Gather, map_shared_files, pause
 
 CAPACITY = 8 << 20  # bytes per half: a piece of a larger tensor
 HEADER = 64  # bytes before the halves: the arrival counter, then padding to a cache line
-SPIN = 2e-3  # seconds of yielding before a waiting rank starts to sleep
-MAX_NAP = 1e-3  # longest sleep between two looks at the counters
 
 
 class SharedMemoryAllReduce:
@@ -59,8 +56,14 @@ class SharedMemoryAllReduce:
              capacity: int = CAPACITY) -> SharedMemoryAllReduce | None:
         """Map every rank's buffers; None on every rank if the ranks cannot share memory
         (see `map_shared_files`, which also says what `gather` is). Collective."""
-        files = map_shared_files(rank, world_size, gather, HEADER + 2 * capacity, "allreduce")
+        files = map_shared_files(rank, world_size, gather, cls.file_bytes(capacity),
+                                 "allreduce")
         return None if files is None else cls(rank, world_size, files, capacity, timeout)
+
+    @staticmethod
+    def file_bytes(capacity: int = CAPACITY) -> int:
+        """The bytes of each rank's file: the arrival counter, then the two halves."""
+        return HEADER + 2 * capacity
 
     def all_reduce(self, flat: torch.Tensor) -> None:
         """Sum the contiguous 1-d `flat` over all ranks, in place. Every rank calls it with a
@@ -95,7 +98,6 @@ class SharedMemoryAllReduce:
         target = int(self._mine[0]) + 1
         self._mine[0] = target
         start = time.monotonic()
-        nap = 1e-5
         while True:
             behind = [j for j, c in enumerate(self._counters) if c[0] < target]
             if not behind:
@@ -105,8 +107,4 @@ class SharedMemoryAllReduce:
                 raise CommTimeout(
                     f"rank {self.rank}: all_reduce (shared memory) waited {self.timeout:g} s for "
                     f"rank(s) {', '.join(map(str, behind))} to finish {step}")
-            if waited < SPIN:
-                os.sched_yield()
-            else:
-                time.sleep(nap)
-                nap = min(2 * nap, MAX_NAP)
+            pause(waited)

@@ -31,29 +31,27 @@ share cores), then sleeps in growing naps of up to a millisecond.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections import deque
 
 import torch
 
+from .base import Handle
 from .errors import CommError, CommTimeout, MismatchError
-from .shared_files import Gather, map_shared_files
+from .shared_files import SPIN, Gather, map_shared_files, pause
 
 SLOT = 2 << 20  # bytes per piece: small enough that copying in and out overlap
 SLOTS = 4  # pieces in flight per channel
 LANES = 2  # 0: the user's messages; 1: those inside lib_dist's collectives
 LINE = 64  # bytes: counters and slot headers each get a cache line
-SPIN = 2e-3  # seconds of yielding the core before naps
-MAX_NAP = 1e-3
 SETTLE = 1e-3  # seconds the progress thread leaves operations to the rank's own threads
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
           torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
           torch.bool)
 
 
-class Message:
+class Message(Handle):
     """A posted send or receive; `wait()` returns once it completed, or raises CommError."""
 
     def __init__(self, kind: str, peer: int, lane: int, tensor: torch.Tensor, what: str,
@@ -82,7 +80,7 @@ class Message:
 
     def is_completed(self) -> bool:
         if not self._done.is_set():
-            self._transport._help(self)
+            self._transport._progress_now()
         return self._done.is_set()
 
     def finish(self, error: CommError | None = None) -> None:
@@ -104,11 +102,8 @@ class SharedMemoryMessages:
         self._published = dict.fromkeys(self._sends, 0)
         self._consumed = dict.fromkeys(self._sends, 0)
         self._slots: dict[tuple[int, int, int, int], tuple] = {}
-        self._pending = 0
         self._waiters = 0  # threads inside wait(), moving bytes themselves
         self._touched = 0.0  # when a thread of the rank's own last posted or moved bytes
-        self._active_sends: set[tuple[int, int]] = set()  # keys of non-empty queues
-        self._active_recvs: set[tuple[int, int]] = set()
         self._broken: str | None = None
         self._closed = False
         self._cv = threading.Condition()
@@ -121,8 +116,14 @@ class SharedMemoryMessages:
              timeout: float) -> SharedMemoryMessages | None:
         """Map every rank's channels; None on every rank if the ranks cannot share memory
         (see `map_shared_files`, which also says what `gather` is). Collective."""
-        files = map_shared_files(rank, world_size, gather, _file_bytes(world_size), "messages")
+        files = map_shared_files(rank, world_size, gather, cls.file_bytes(world_size),
+                                 "messages")
         return None if files is None else cls(rank, world_size, files, timeout)
+
+    @staticmethod
+    def file_bytes(world_size: int) -> int:
+        """The bytes of each rank's file: counters, then every lane's channel to each rank."""
+        return _counter_bytes(world_size) + LANES * world_size * SLOTS * (LINE + SLOT)
 
     def isend(self, tensor: torch.Tensor, dst: int, lane: int = 0) -> Message:
         """Start sending the contiguous `tensor` to rank `dst`."""
@@ -148,17 +149,15 @@ class SharedMemoryMessages:
             if self._broken or self._closed:
                 message.finish(CommError(f"{message.what}: {self._broken or 'closed'}"))
                 return message
-            key = (message.lane, message.peer)
-            queues[key].append(message)
-            (self._active_sends if queues is self._sends else self._active_recvs).add(key)
-            self._pending += 1
+            idle = not self._busy()
+            queues[(message.lane, message.peer)].append(message)
             self._touched = time.monotonic()
             self._progress()
-            if self._pending == 1:  # the progress thread sleeps until there is work: wake it
+            if idle:  # the progress thread sleeps until there is work: wake it
                 self._cv.notify()
         return message
 
-    def _help(self, message: Message) -> None:
+    def _progress_now(self) -> None:
         with self._cv:
             self._progress()
 
@@ -179,7 +178,7 @@ class SharedMemoryMessages:
                 elif now - last_move > SPIN:
                     return
                 else:
-                    os.sched_yield()
+                    pause(0.0)
         finally:
             with self._cv:
                 self._waiters -= 1
@@ -188,7 +187,7 @@ class SharedMemoryMessages:
         idle_since = None
         with self._cv:
             while not self._closed:
-                if not self._pending:
+                if not self._busy():
                     self._cv.wait()
                     idle_since = None
                     continue
@@ -204,30 +203,30 @@ class SharedMemoryMessages:
                 idle_since = idle_since or now
                 self._cv.release()
                 try:
-                    if now - idle_since < SPIN:
-                        os.sched_yield()
-                    else:
-                        time.sleep(min(MAX_NAP, (now - idle_since) / 10))
+                    pause(now - idle_since)
                 finally:
                     self._cv.acquire()
 
     def _progress(self) -> bool:
         """Move every pending operation as far as it can go now; whether anything moved."""
         moved = False
-        for key in [k for k in self._active_sends if self._sends[k]]:
-            moved |= self._push(key, self._sends[key])
-        for key in [k for k in self._active_recvs if self._recvs[k]]:
-            moved |= self._pull(key, self._recvs[key])
-        self._active_sends = {k for k in self._active_sends if self._sends[k]}
-        self._active_recvs = {k for k in self._active_recvs if self._recvs[k]}
+        for key, queue in self._sends.items():
+            if queue:
+                moved |= self._push(key, queue)
+        for key, queue in self._recvs.items():
+            if queue:
+                moved |= self._pull(key, queue)
         return moved
+
+    def _busy(self) -> bool:
+        return any(self._sends.values()) or any(self._recvs.values())
 
     def _push(self, key: tuple[int, int], queue: deque) -> bool:
         lane, peer = key
         taken = int(self._counters[peer][_taken(self.world_size, lane, self.rank)])
         moved = False
         while queue and queue[0].last_piece is not None and taken > queue[0].last_piece:
-            self._complete(queue.popleft())
+            queue.popleft().finish()
             moved = True
         for message in queue:
             while message.moved < message.pieces:
@@ -264,7 +263,7 @@ class SharedMemoryMessages:
                                                         _dtype_code(message.tensor)):
                 queue.popleft()
                 self._broken = "a message did not fit its receive buffer"
-                self._complete(message, MismatchError(
+                message.finish(MismatchError(
                     f"{message.what}: the message holds {numel} elements of "
                     f"{_dtype_name(code)} ({total} bytes) but the buffer has "
                     f"{message.tensor.numel()} of {message.tensor.dtype} ({message.total} "
@@ -277,12 +276,8 @@ class SharedMemoryMessages:
             self._counters[self.rank][_taken(self.world_size, lane, peer)] = piece + 1
             moved = True
             if message.moved == message.pieces:
-                self._complete(queue.popleft())
+                queue.popleft().finish()
         return moved
-
-    def _complete(self, message: Message, error: CommError | None = None) -> None:
-        self._pending -= 1
-        message.finish(error)
 
     def _expire(self, now: float) -> None:
         """Fail operations past their deadline: the channel is then out of step, and the
@@ -292,7 +287,8 @@ class SharedMemoryMessages:
         if late:
             self._broken = "an earlier operation timed out; the group must be rebuilt"
             for m in late:
-                self._remove(m)
+                queues = self._sends if m.kind == "send" else self._recvs
+                queues[(m.lane, m.peer)].remove(m)
                 m.finish(CommTimeout(f"{m.what} did not complete within {self.timeout:g} s; "
                                      f"the group is now unusable and must be rebuilt"))
 
@@ -301,12 +297,7 @@ class SharedMemoryMessages:
             for queue in queues.values():
                 while queue:
                     message = queue.popleft()
-                    self._complete(message, CommError(f"{message.what}: {reason}"))
-
-    def _remove(self, message: Message) -> None:
-        queues = self._sends if message.kind == "send" else self._recvs
-        queues[(message.lane, message.peer)].remove(message)
-        self._pending -= 1
+                    message.finish(CommError(f"{message.what}: {reason}"))
 
     def _slot(self, owner: int, lane: int, dst: int, slot: int) -> tuple:
         """The header (as int64 numbers) and the bytes of a slot of `owner`'s channel."""
@@ -331,10 +322,6 @@ def _taken(n: int, lane: int, src: int) -> int:
 
 def _counter_bytes(n: int) -> int:
     return 2 * LANES * n * LINE
-
-
-def _file_bytes(n: int) -> int:
-    return _counter_bytes(n) + LANES * n * SLOTS * (LINE + SLOT)
 
 
 def _dtype_code(tensor: torch.Tensor) -> int:

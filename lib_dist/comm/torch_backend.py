@@ -32,7 +32,8 @@ import torch.distributed as dist
 from .algorithms import ALGORITHMS
 from .base import Communicator, Handle, ReduceOp, _check_op, _nbytes, chunk_bounds
 from .errors import CommError, CommTimeout
-from .shared_memory import SharedMemoryAllReduce
+from .shared_files import map_shared_files
+from .shared_memory import CAPACITY, SharedMemoryAllReduce
 from .shared_messages import SharedMemoryMessages
 from .trace import Trace
 from .tuner import NATIVE, SHARED_MEMORY, SHAPES, TunerModel, calibrate, native_only
@@ -42,6 +43,8 @@ AUTO = "auto"
 ALL_REDUCE_CHOICES = (AUTO, NATIVE, *ALGORITHMS, SHARED_MEMORY)
 BACKEND = "backend"
 MESSAGE_CHOICES = (AUTO, SHARED_MEMORY, BACKEND)
+_NO_SHARED_MEMORY = ("needs every rank of a gloo group on one host, with room in /dev/shm or "
+                     "a tmpfs temp directory")
 _TAG = 0x1D  # the tag of the messages inside lib_dist's collectives: apart from the user's
 
 
@@ -104,22 +107,31 @@ class TorchCommunicator(Communicator):
         self.backend = dist.get_backend()
         self.all_reduce_algorithm = _check_algorithm(os.environ.get("LIB_DIST_ALL_REDUCE", AUTO))
         self.tuner: TunerModel | None = None  # calibrated on the first tuned all_reduce
-        self._messages = self._open_messages(
-            _check_messages(messages or os.environ.get("LIB_DIST_MESSAGES", AUTO)))
+        choice = _check_messages(messages or os.environ.get("LIB_DIST_MESSAGES", AUTO))
+        self._messages, self._shared_all_reduce = self._share_memory(choice)
         self.messages = SHARED_MEMORY if self._messages else BACKEND  # how messages travel
         self._direct = _Direct(self.rank, self.world_size, self._messages)
-        self._shared: SharedMemoryAllReduce | None | bool = False  # False: not tried yet
 
-    def _open_messages(self, choice: str) -> SharedMemoryMessages | None:
-        if choice == BACKEND or self.world_size == 1:
-            return None
-        shared = (SharedMemoryMessages.open(self.rank, self.world_size, _all_gather_object,
-                                            self.timeout) if self.backend == "gloo" else None)
-        if shared is None and choice == SHARED_MEMORY:
-            raise CommError(f"rank {self.rank}: messages='shared_memory' needs every rank of a "
-                            f"gloo group on one host, with /dev/shm or a tmpfs temp directory; "
-                            f"use 'auto'")
-        return shared
+    def _share_memory(self, choice: str) -> tuple[SharedMemoryMessages | None,
+                                                  SharedMemoryAllReduce | None]:
+        """Map the group's shared memory (collective): one file per rank holding its message
+        channels, then its all-reduce buffers. (None, None) unless every rank of a gloo group
+        can share memory with the others; no messages through it if `choice` says so."""
+        split = SharedMemoryMessages.file_bytes(self.world_size)
+        files = (map_shared_files(self.rank, self.world_size, _all_gather_object,
+                                  split + SharedMemoryAllReduce.file_bytes(CAPACITY), "group")
+                 if self.backend == "gloo" else None)
+        wants_messages = choice != BACKEND and self.world_size > 1
+        if files is None:
+            if wants_messages and choice == SHARED_MEMORY:
+                raise CommError(f"rank {self.rank}: messages='shared_memory' "
+                                f"{_NO_SHARED_MEMORY}; use 'auto'")
+            return None, None
+        all_reduce = SharedMemoryAllReduce(self.rank, self.world_size,
+                                           [f[split:] for f in files], CAPACITY, self.timeout)
+        messages = (SharedMemoryMessages(self.rank, self.world_size, [f[:split] for f in files],
+                                         self.timeout) if wants_messages else None)
+        return messages, all_reduce
 
     def close(self) -> None:
         """Stop this communicator's shared-memory transport (its group is being replaced)."""
@@ -128,12 +140,12 @@ class TorchCommunicator(Communicator):
 
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
         if self._messages is not None:
-            return _SharedHandle(self._messages.isend(tensor, dst))
+            return self._messages.isend(tensor, dst)
         return _TorchHandle(self, dist.isend(tensor, dst), f"send to rank {dst}")
 
     def _post_recv(self, buffer: torch.Tensor, src: int) -> Handle:
         if self._messages is not None:
-            return _SharedHandle(self._messages.irecv(buffer, src))
+            return self._messages.irecv(buffer, src)
         return _TorchHandle(self, dist.irecv(buffer, src), f"recv from rank {src}")
 
     def world_barrier(self) -> None:
@@ -154,7 +166,8 @@ class TorchCommunicator(Communicator):
 
         `algorithm`: "auto" (the tuner's choice for this size, the default), "native"
         (torch.distributed's), one of `lib_dist.comm.algorithms.ALGORITHMS`, or
-        "shared_memory" (ranks on one host only). Every rank must pass the same. The trace records one "all_reduce" event, not its messages.
+        "shared_memory" (ranks on one host only). Every rank must pass the same. The trace
+        records one "all_reduce" event, not its messages.
         """
         _check_op(op, tensor)
         name = _check_algorithm(algorithm or self.all_reduce_algorithm)
@@ -170,20 +183,11 @@ class TorchCommunicator(Communicator):
             if self.backend != "gloo" or self.world_size == 1:
                 self.tuner = native_only(self.world_size)
             else:
-                shared = self._shared_memory()
+                shared = self._shared_all_reduce
                 candidates = tuple(name for name in SHAPES if name != SHARED_MEMORY or shared)
                 self.tuner = calibrate(self._direct, self._run_algorithm, _slowest, candidates,
                                        barrier=shared.barrier if shared else None)
         return self.tuner.choose(nbytes)
-
-    def _shared_memory(self) -> SharedMemoryAllReduce | None:
-        """The shared-memory all-reduce, mapped on first use (collective); None when the
-        ranks are not all on one host or have no memory-backed directory to share."""
-        if self._shared is False:
-            self._shared = (SharedMemoryAllReduce.open(self.rank, self.world_size,
-                                                       _all_gather_object, self.timeout)
-                            if self.backend == "gloo" else None)
-        return self._shared
 
     def _all_reduce(self, tensor: torch.Tensor, name: str) -> None:
         if name == AUTO:
@@ -197,13 +201,11 @@ class TorchCommunicator(Communicator):
         if name == NATIVE:
             dist.all_reduce(flat)
         elif name == SHARED_MEMORY:
-            shared = self._shared_memory()
-            if shared is None:
-                raise CommError(f"rank {self.rank}: all_reduce(algorithm='shared_memory') needs "
-                                f"every rank of a gloo group on one host, with /dev/shm or a "
-                                f"tmpfs temp directory; use 'auto' to let the tuner choose")
+            if self._shared_all_reduce is None:
+                raise CommError(f"rank {self.rank}: all_reduce(algorithm='shared_memory') "
+                                f"{_NO_SHARED_MEMORY}; use 'auto' to let the tuner choose")
             with _one_thread():
-                shared.all_reduce(flat)
+                self._shared_all_reduce.all_reduce(flat)
         else:
             with _one_thread():
                 ALGORITHMS[name].run(self._direct, flat)
@@ -246,17 +248,6 @@ class TorchCommunicator(Communicator):
                                f"{self.timeout:g} s; the group is now unusable and must be "
                                f"rebuilt ({text.splitlines()[0][:200]})")
         return CommError(f"rank {self.rank}: {what} failed: {text.splitlines()[0][:300]}")
-
-
-class _SharedHandle(Handle):
-    def __init__(self, message):
-        self._message = message
-
-    def wait(self) -> None:
-        self._message.wait()
-
-    def is_completed(self) -> bool:
-        return self._message.is_completed()
 
 
 class _Direct:
