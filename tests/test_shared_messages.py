@@ -5,7 +5,6 @@ and closing. tests/test_torch_backend.py runs it between real processes."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -95,19 +94,17 @@ def test_an_unmatched_receive_times_out_and_names_its_peer():
     def fn(rank, transport):
         if rank == 1:
             return None
-        start = time.monotonic()
         try:
             transport.irecv(torch.empty(2), 1).wait()
         except CommTimeout as e:
             after = transport.isend(torch.ones(1), 1)
             with pytest.raises(CommError, match="must be rebuilt"):
                 after.wait()
-            return str(e), time.monotonic() - start
+            return str(e)
 
-    message, seconds = opened(2, timeout=0.5)(fn)[0]
+    message = opened(2, timeout=0.5)(fn)[0]
     assert message == ("rank 0: recv from rank 1 did not complete within 0.5 s; the group "
                        "is now unusable and must be rebuilt")
-    assert seconds < 10  # reported near its timeout, not never
 
 
 def test_close_fails_what_is_pending():

@@ -28,12 +28,13 @@ pytestmark = pytest.mark.timeout(60)
 SIZES = [1, 2, 3, 4, 8]
 
 
-def run_failing(world: SimulatedWorld, fn, *args) -> tuple[RankFailure, float]:
-    """Run fn expecting a RankFailure; return it and the seconds it took to arrive."""
-    start = time.monotonic()
+def run_failing(world: SimulatedWorld, fn, *args) -> RankFailure:
+    """Run fn expecting a RankFailure, and return it. (Tests check the kind of each rank's
+    error: a DeadlockError, PeerFailed or MismatchError was found at once, where waiting for
+    the world's timeout would have given a CommTimeout.)"""
     with pytest.raises(RankFailure) as info:
         world.run(fn, *args)
-    return info.value, time.monotonic() - start
+    return info.value
 
 
 # -- point to point ---------------------------------------------------------------------------
@@ -56,18 +57,21 @@ def test_send_recv_pairs(world_size):
 
 
 def test_blocking_send_waits_for_the_receiver():
-    """A send completes only once the receiver takes the message (gloo's rendezvous)."""
+    """A send completes only once the receiver takes the message (gloo's rendezvous): rank
+    1 posts its receive late, and rank 0's send returns only after that."""
+    happened: list[str] = []
+
     def fn(comm):
         if comm.rank == 0:
-            start = time.monotonic()
             comm.send(torch.ones(3), 1)
-            return time.monotonic() - start
-        time.sleep(0.3)
-        comm.recv(torch.empty(3), 0)
-        return None
+            happened.append("send returned")
+        else:
+            time.sleep(0.3)
+            happened.append("recv posted")
+            comm.recv(torch.empty(3), 0)
 
-    sent_after, _ = SimulatedWorld(2).run(fn)
-    assert sent_after >= 0.25
+    SimulatedWorld(2).run(fn)
+    assert happened == ["recv posted", "send returned"]
 
 
 def test_isend_completes_when_matched_and_channels_are_fifo():
@@ -134,16 +138,17 @@ def test_summary_and_messages_agree(world_size):
 
 @pytest.mark.parametrize("world_size", SIZES)
 def test_barrier_holds_every_rank_until_all_arrive(world_size):
+    arrived: list[int] = []
+
     def fn(comm):
         time.sleep(0.02 * comm.rank)
-        entered = time.monotonic()
+        arrived.append(comm.rank)
         comm.barrier()
-        return entered, time.monotonic()
+        return len(arrived)  # how many had arrived when this rank left
 
     world = SimulatedWorld(world_size)
     assert world.run(alg.barrier_twice) == list(range(world_size))
-    times = world.run(fn)
-    assert min(left for _, left in times) >= max(entered for entered, _ in times)
+    assert world.run(fn) == [world_size] * world_size
     kinds = Counter((e.rank, e.kind) for e in world.trace.events)
     assert kinds == Counter({(r, "barrier"): 1 for r in range(world_size)})
 
@@ -153,8 +158,7 @@ def test_barrier_with_a_rank_that_returned_fails_at_once():
         if comm.rank != 1:
             comm.barrier()
 
-    err, elapsed = run_failing(SimulatedWorld(3, timeout=5.0), fn)
-    assert elapsed < 5.0
+    err = run_failing(SimulatedWorld(3, timeout=5.0), fn)
     assert set(err.ranks) == {0, 2}
     for r in (0, 2):
         assert isinstance(err.exceptions[r], PeerFailed)
@@ -213,8 +217,7 @@ def test_collectives_leave_inputs_they_do_not_own_alone():
 def test_both_send_first_is_a_deadlock_reported_at_once(world_size):
     timeout = 5.0
     world = SimulatedWorld(world_size, timeout=timeout)
-    err, elapsed = run_failing(world, alg.both_send_first, 4)
-    assert elapsed < timeout
+    err = run_failing(world, alg.both_send_first, 4)
     assert err.still_running == []
     assert err.ranks == [0, 1]
     text = str(err)
@@ -230,8 +233,7 @@ def test_ring_of_blocking_sends_deadlocks_naming_every_rank(world_size):
         comm.send(torch.ones(2), (comm.rank + 1) % comm.world_size)
         comm.recv(torch.empty(2), (comm.rank - 1) % comm.world_size)
 
-    err, elapsed = run_failing(SimulatedWorld(world_size, timeout=5.0), fn)
-    assert elapsed < 5.0
+    err = run_failing(SimulatedWorld(world_size, timeout=5.0), fn)
     assert err.ranks == list(range(world_size))
     for r in range(world_size):
         assert isinstance(err.exceptions[r], DeadlockError)
@@ -289,7 +291,7 @@ def test_mismatch_raises_on_both_ranks(kind):
         else:
             comm.recv(buf, 0)
 
-    err, _ = run_failing(SimulatedWorld(2, timeout=5.0), fn)
+    err = run_failing(SimulatedWorld(2, timeout=5.0), fn)
     assert err.ranks == [0, 1]
     want = ["(4,)", "(5,)"] if kind == "shape" else ["float32", "float64"]
     for r in (0, 1):
@@ -304,8 +306,7 @@ def test_peer_that_returned_is_named():
         if comm.rank == 1:
             comm.recv(torch.empty(3), 0)
 
-    err, elapsed = run_failing(SimulatedWorld(2, timeout=5.0), fn)
-    assert elapsed < 5.0
+    err = run_failing(SimulatedWorld(2, timeout=5.0), fn)
     assert err.ranks == [1]
     e = err.exceptions[1]
     assert isinstance(e, PeerFailed)
@@ -318,8 +319,7 @@ def test_peer_that_raised_is_listed_with_its_exception():
             raise ValueError("boom in rank zero")
         comm.recv(torch.empty(3), 0)
 
-    err, elapsed = run_failing(SimulatedWorld(2, timeout=5.0), fn)
-    assert elapsed < 5.0
+    err = run_failing(SimulatedWorld(2, timeout=5.0), fn)
     assert err.ranks == [0]  # the cause; rank 1 only failed to hear from it
     assert err.consequences == [1]
     assert str(err).startswith("rank 0 failed\nrank 1 then failed in communication with it")
@@ -337,7 +337,6 @@ def test_endless_compute_loop_gives_the_waiting_peer_a_timeout():
     timeout = 0.5
     stop = threading.Event()
     looper: list[threading.Thread] = []
-    waited: list[float] = []
 
     def fn(comm):
         if comm.rank == 0:
@@ -345,11 +344,7 @@ def test_endless_compute_loop_gives_the_waiting_peer_a_timeout():
             while not stop.is_set():  # "computing" forever; never communicates
                 sum(range(1000))
             return
-        start = time.monotonic()
-        try:
-            comm.recv(torch.empty(3), 0)
-        finally:
-            waited.append(time.monotonic() - start)
+        comm.recv(torch.empty(3), 0)
 
     world = SimulatedWorld(2, timeout=timeout)
     try:
@@ -360,7 +355,6 @@ def test_endless_compute_loop_gives_the_waiting_peer_a_timeout():
         for t in looper:
             t.join(5)
     assert not looper[0].is_alive()
-    assert timeout * 0.9 <= waited[0] < timeout + 1.0
     err = info.value
     assert err.ranks == [1]
     assert err.still_running == [0]  # still looping `timeout` s after rank 1 failed
@@ -399,8 +393,7 @@ def _only_rank_0(action):
 ], ids=["peer-too-big", "peer-negative", "isend-self", "irecv-self", "non-contiguous",
         "not-a-tensor", "broadcast-root", "op-max", "reduce-scatter-op", "avg-int"])
 def test_bad_input_is_rejected_by_the_calling_rank(action, error, needle):
-    err, elapsed = run_failing(SimulatedWorld(2, timeout=5.0), _only_rank_0(action))
-    assert elapsed < 5.0
+    err = run_failing(SimulatedWorld(2, timeout=5.0), _only_rank_0(action))
     assert err.ranks == [0]
     assert isinstance(err.exceptions[0], error)
     assert needle in str(err.exceptions[0])
