@@ -11,7 +11,7 @@ VPY := $(VENV)/bin/python
 VPIP := $(VENV)/bin/pip
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install demo test bench clean sandbox-tool
+.PHONY: install demo test bench clean sandbox-tool notebooks
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ sandbox-tool:
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }; }
+
+# Re-execute the course/ and solutions/ notebooks and store their outputs (prints the time).
+# One notebook or a few: `make notebooks NOTEBOOKS=course/03_collectives.ipynb`.
+NOTEBOOKS ?=
+notebooks: $(INSTALLED)
+	$(VPY) -m grader.notebooks $(NOTEBOOKS)
 
 bench: $(INSTALLED)
 	@set -e; for f in $(wildcard benchmarks/*.py); do \
