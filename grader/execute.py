@@ -9,6 +9,9 @@ not come back after the interrupt is treated the same way.
 nbgrader also scores any stderr output in a test cell as a failure; torch's warnings and
 `%%px` echoing an engine's stderr would zero passing tests. `TestStderrIsNotAFailure` turns a
 test cell's stderr into ordinary output: a failing test still fails by raising.
+
+For a lab that lib_dist declares, locked cells run under the kernel's guard (`grader.integrity`):
+an answer taken from lib_dist, or a test whose oracle the submission changed, scores 0.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from nbgrader import utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool
 
+from . import integrity
 from .sandbox import SandboxedKernelManager
 
 RECOVERY_SECONDS = 10
@@ -39,6 +43,8 @@ class GradedExecute(Execute):
     _stopped_at: int | None = None
     _stop_reason: str = ""
     _where: str = ""
+    _lab: str | None = None
+    _guard: str | None = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -47,6 +53,7 @@ class GradedExecute(Execute):
 
     def preprocess(self, nb, resources=None, km=None):
         self._stopped_at, self._stop_reason = None, ""
+        self._lab, self._guard = integrity.graded_lab(resources), None
         return super().preprocess(nb, resources, km)
 
     def preprocess_cell(self, cell: NotebookNode, resources, index: int):
@@ -56,6 +63,12 @@ class GradedExecute(Execute):
             cell.outputs = [error_output("NotRun", f"not run: {self._stop_reason} in "
                                                    f"{self._where}")]
             return cell, resources
+        if self._lab and self._guard is None:
+            self._guard = run_sync(integrity.arm)(self.kc, self._lab)
+        guarded = self._guard is not None and integrity.routed(cell)
+        source = cell.source
+        if guarded:
+            cell.source = integrity.guarded_source(cell)
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
         except CellTimeoutError:  # the kernel went silent even after the interrupt
@@ -71,6 +84,8 @@ class GradedExecute(Execute):
                            "the kernel died while running this cell (os._exit, a crash, or "
                            "running out of memory); the cells after it were not run")
             return cell, resources
+        finally:
+            cell.source = source
         if self.sandbox:
             explain_limits(cell, self.km)
         if _timed_out(cell) and not run_sync(self._kernel_recovers)():
@@ -78,7 +93,17 @@ class GradedExecute(Execute):
                        f"this cell ran for more than {self.timeout} s and the kernel did not "
                        "respond to an interrupt; the cells after it were not run")
             run_sync(self._kill_kernel)()
+        if guarded and self._stopped_at is None:
+            self._report_tampering(cell)
         return cell, resources
+
+    def _report_tampering(self, cell: NotebookNode) -> None:
+        try:
+            changes = run_sync(integrity.findings)(self.kc, self._guard, cell)
+        except Exception:  # noqa: BLE001 - a stuck or dead kernel: its cell already failed
+            return
+        if changes and not any(o.get("ename") == "Tampering" for o in cell.outputs):
+            cell.outputs.append(integrity.tampering_output(changes))
 
     def _stop(self, cell: NotebookNode, index: int, ename: str, reason: str, text: str) -> None:
         self._stopped_at, self._stop_reason = index, reason

@@ -1,0 +1,229 @@
+"""The graded kernel's guard: tests see the lab's own helpers and the student's answers, and
+nothing the student's code changed.
+
+The grader arms a guard in each graded kernel before the first cell (`arm`), then runs every
+locked cell (setup, helpers, tests) through `run`:
+
+- Locked cells run in a namespace of their own, not the notebook's. Their helpers' globals are
+  that namespace, so a student cell that rebinds `close` or `torch`, at top level or from
+  inside a function, changes nothing a test sees. What they define is copied into the
+  notebook's namespace too, for the student's own use.
+- Before each locked cell, the names the lab asks for (`lib_dist.extend.LABS`) are copied in
+  from the notebook, and nothing else of the student's. Functions are wrapped, and so are the
+  methods of classes: when an answer returns, the guard checks that torch, builtins, numpy,
+  lib_dist and the locked namespace are bound exactly as before (a patch that restores itself
+  after fooling one comparison is still in place when the answer returns), and that what it
+  returned holds plain tensors (a subclass can make `torch.equal` answer yes).
+- Throughout, an audit hook (which nothing can remove) notes any re-import or re-execution of
+  a lib_dist module (`importlib.reload`, a fresh import after deleting it from sys.modules,
+  which would bring back what `stubs` switched off) and any change of a protected function's
+  code.
+
+Each finding fails the cell that was running, with a message saying what changed: its points
+are lost, and the grader says so in the feedback (`report`).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import linecache
+import sys
+import types
+from typing import Any, Callable
+
+import torch
+
+from ..extend import LABS, Lab
+from .snapshot import Snapshot, classes_of, namespace_changes, trusted_modules
+from .stubs import switch_off_references
+
+ARMED: Guard | None = None
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class Tampering(AssertionError):
+    """Something the tests rely on was changed while the student's code ran."""
+
+
+class Guard:
+    """See the module docstring. One per graded kernel."""
+
+    armed: list[Guard] = []  # where the grader finds it (`grader.integrity.findings`)
+
+    def __init__(self, lab: str, notebook_namespace: dict[str, Any]):
+        global ARMED
+        ARMED = self
+        self.lab_name, self.lab = lab, LABS[lab]
+        self.user_ns = notebook_namespace
+        self.ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+        modules = trusted_modules()
+        self.snapshot = Snapshot(modules, classes_of(modules))
+        self.lib_files = {m.__file__ for m in modules
+                          if m.__name__.startswith("lib_dist") and m.__file__}
+        self.findings: dict[str, list[str]] = {}
+        self.ran: set[str] = set()
+        self.cell = "setup"
+        self._before: dict[str, Any] = {}
+        self._allowed: set[str] = set()
+        sys.addaudithook(self._audit)
+        Guard.armed.append(self)
+
+    # -- running locked cells ------------------------------------------------------------
+    def run(self, source: str, cell: str) -> None:
+        """Run a locked cell's `source` in the locked namespace (see the module docstring)."""
+        self.cell = cell
+        self.findings.setdefault(cell, [])
+        self.ran.add(cell)
+        self._raise_if_changed(f"before {cell} ran")
+        self.ns.update({name: self._answer(name) for name in self.lab.asks
+                        if name in self.user_ns})
+        bound = bound_names(source)
+        self._before, self._allowed = dict(self.ns), bound | set(self.lab.asks)
+        try:
+            _exec_cell(source, f"<{cell}>", self.ns)
+        finally:
+            for name in bound & self.ns.keys():
+                self.user_ns[name] = self.ns[name]
+            self._note(namespace_changes(self._before, self.ns, self._allowed))
+        self._before = dict(self.ns)
+        self._raise_if_changed(f"while {cell} ran")
+
+    def report(self, cell: str) -> list[str]:
+        """What the grader puts in the cell's feedback: each change seen while it ran."""
+        if cell not in self.ran:
+            return [f"{cell} did not run under the grader's guard (was the guard replaced?)"]
+        return self.findings.get(cell, [])
+
+    # -- checks ----------------------------------------------------------------------------
+    def changes(self) -> list[str]:
+        return self.snapshot.changes() + namespace_changes(self._before, self.ns, self._allowed)
+
+    def _raise_if_changed(self, when: str) -> None:
+        changed = self.changes()
+        if changed:
+            self._note(changed)
+            raise Tampering(f"{when}, the submission had changed what the tests rely on: "
+                            f"{_listed(changed)}. Tests compare against torch, Python's "
+                            f"builtins, lib_dist and the lab's own helpers, so a change to "
+                            f"them scores 0 here; leave them as they are.")
+
+    def _note(self, changed: list[str]) -> None:
+        seen = self.findings.setdefault(self.cell, [])
+        seen += [c for c in changed if c not in seen]
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if event == "import" and str(args[0]).startswith("lib_dist"):
+            self._note([f"a second import of {args[0]}"])
+        elif event == "exec" and getattr(args[0], "co_filename", None) in self.lib_files:
+            self._note([f"a re-execution of {args[0].co_filename}"])
+        elif (event == "object.__setattr__" and args[1] == "__code__"
+              and getattr(args[0], "__module__", "") in self._protected_modules()):
+            self._note([f"the code of {args[0].__module__}.{args[0].__qualname__}"])
+
+    def _protected_modules(self) -> set[str]:
+        return set(self.snapshot.modules) | {"__main__"}
+
+    # -- the student's answers -------------------------------------------------------------
+    def _answer(self, name: str) -> Any:
+        value = self.user_ns[name]
+        if isinstance(value, type):
+            return self._checked_class(value, name)
+        return _checked(value, name, id(self)) if callable(value) else value
+
+    def _checked_class(self, cls: type, name: str) -> type:
+        """Wrap the class's own methods in place (once)."""
+        for attr, value in list(vars(cls).items()):
+            if isinstance(value, (staticmethod, classmethod)):
+                if id(value.__func__) not in _WRAPPERS:
+                    wrapped = _checked(value.__func__, f"{name}.{attr}", id(self))
+                    setattr(cls, attr, type(value)(wrapped))
+            elif isinstance(value, types.FunctionType) and id(value) not in _WRAPPERS:
+                setattr(cls, attr, _checked(value, f"{name}.{attr}", id(self)))
+        return cls
+
+
+_WRAPPERS: dict[int, Callable[..., Any]] = {}  # id -> wrapper, kept alive
+
+
+def _checked(fn: Callable[..., Any], name: str, guard: int) -> Callable[..., Any]:
+    """`fn`, checked by the guard whose id is `guard` each time it returns (see `Guard`)."""
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        return _after_answer(guard, name, fn(*args, **kwargs))
+
+    _WRAPPERS[id(checked)] = checked
+    return checked
+
+
+def _after_answer(guard: int, name: str, result: Any) -> Any:
+    if ARMED is not None and id(ARMED) == guard:  # on an engine, nothing is armed
+        ARMED._raise_if_changed(f"when {name} returned")
+        _require_plain(result, name)
+    return result
+
+
+def arm(lab: str) -> str:
+    """Arm the guard for `lab` in this IPython kernel; its repr (with its address) for the
+    grader."""
+    from IPython import get_ipython
+
+    switch_off_references(lab)  # again: harmless, and certain even if lib_dist came earlier
+    return object.__repr__(Guard(lab, get_ipython().user_ns))
+
+
+def run(source: str, cell: str) -> None:
+    """What a routed cell calls: `ARMED.run`."""
+    if ARMED is None:
+        raise RuntimeError("no guard is armed in this kernel")
+    ARMED.run(source, cell)
+
+
+def bound_names(source: str) -> set[str]:
+    """Names the cell's top-level statements bind."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _exec_cell(source: str, filename: str, namespace: dict[str, Any]) -> None:
+    """Run a cell as IPython would: statements, then the value of a final expression shown."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    tree = ast.parse(source)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, filename, "exec"), namespace)  # noqa: S102
+    if last is not None:
+        value = eval(compile(ast.Expression(last.value), filename, "eval"), namespace)  # noqa: S307
+        if value is not None:
+            from IPython.display import display
+
+            display(value)
+
+
+def _require_plain(result: Any, name: str) -> None:
+    """Tensors in what an answer returns must be torch.Tensor itself (or a Parameter)."""
+    if isinstance(result, torch.Tensor) and type(result) not in _PLAIN:
+        raise Tampering(f"{name} returned a {type(result).__qualname__}, a subclass of "
+                        f"torch.Tensor; return a plain torch.Tensor")
+    if isinstance(result, (list, tuple)):
+        for item in result:
+            _require_plain(item, name)
+    elif isinstance(result, dict):
+        for item in result.values():
+            _require_plain(item, name)
+
+
+def _listed(changed: list[str], most: int = 5) -> str:
+    changed = sorted(changed, key=lambda name: "__" in name)  # dunders say least
+    shown = ", ".join(changed[:most])
+    return shown + (f" and {len(changed) - most} more" if len(changed) > most else "")
+
+
+__all__ = ["ARMED", "Guard", "Lab", "Tampering", "arm", "bound_names", "run"]

@@ -1,0 +1,96 @@
+"""What graded tests rely on, and a fingerprint of it that any change shows in.
+
+Tests compare a student's results with torch's, call Python's builtins and lib_dist, and use
+helpers that the lab's locked cells define. A `Snapshot` records, for each of those namespaces
+(modules, classes), which object every name is bound to; `changes()` names every binding that
+differs since, including one set through `__dict__`, and every module that `sys.modules` no
+longer maps to the object it held.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import math
+import operator
+import pkgutil
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+# Builtins that IPython itself rebinds while running cells: not something tests compare with.
+KERNEL_MANAGED = frozenset({"builtins.exit", "builtins.quit", "builtins.get_ipython",
+                            "builtins.input", "builtins.display", "builtins._", "builtins.__",
+                            "builtins.___"})
+
+TRUSTED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.nn.modules.module",
+                   "torch.testing", "torch.distributed", "torch.autograd", "torch.optim",
+                   "torch.utils.data", "numpy", "numpy.testing")
+
+
+def trusted_modules() -> list[types.ModuleType]:
+    """builtins, math, operator, torch's modules that tests use, and every lib_dist module
+    (imported now, so that a later import is a re-import)."""
+    import lib_dist
+
+    modules = [builtins, math, operator]
+    modules += [importlib.import_module(name) for name in TRUSTED_MODULES]
+    for info in pkgutil.walk_packages(lib_dist.__path__, "lib_dist."):
+        if not info.name.endswith("__main__"):
+            modules.append(importlib.import_module(info.name))
+    return [lib_dist, *modules]
+
+
+def classes_of(modules: list[types.ModuleType]) -> list[type]:
+    """The classes a test may call methods of: torch's tensor, module, parameter, autograd
+    function and optimizer, and every class defined in lib_dist."""
+    import torch
+
+    found: list[type] = [torch.Tensor, torch.nn.Module, torch.nn.Parameter,
+                         torch.autograd.Function, torch.optim.Optimizer]
+    for module in modules:
+        if module.__name__.startswith("lib_dist"):
+            found += [v for v in vars(module).values()
+                      if isinstance(v, type) and v.__module__ == module.__name__]
+    return list({id(c): c for c in found}.values())
+
+
+class Snapshot:
+    """The bindings of `modules` and `classes` as they are now, by identity."""
+
+    def __init__(self, modules: list[types.ModuleType], classes: list[type]):
+        self.modules = {m.__name__: m for m in modules}
+        self.classes = classes
+        self.bindings = dict(self._bindings())
+
+    def _bindings(self) -> Iterator[tuple[str, Any]]:
+        for name, module in self.modules.items():
+            for key, value in list(vars(module).items()):
+                qualified = f"{name}.{key}"
+                if not issubclass(type(value), types.ModuleType) and qualified not in KERNEL_MANAGED:
+                    yield qualified, value  # (submodules appear as they are imported)
+        for cls in self.classes:
+            for key, value in list(vars(cls).items()):
+                yield f"{cls.__module__}.{cls.__qualname__}.{key}", value
+
+    def changes(self) -> list[str]:
+        """Every binding added, removed or rebound since the snapshot, and every module that
+        was replaced in sys.modules."""
+        now = dict(self._bindings())
+        changed = [name for name, value in self.bindings.items()
+                   if now.get(name, _MISSING) is not value]
+        changed += [name for name in now if name not in self.bindings]
+        changed += [f"sys.modules[{name!r}]" for name, module in self.modules.items()
+                    if sys.modules.get(name) is not module]
+        return sorted(changed)
+
+
+def namespace_changes(before: dict[str, Any], namespace: dict[str, Any],
+                      allowed: set[str]) -> list[str]:
+    """Names of `namespace` rebound or removed since `before` (a copy of it), except `allowed`."""
+    return sorted(name for name, value in before.items()
+                  if name not in allowed and namespace.get(name, _MISSING) is not value)
+
+
+_MISSING = object()

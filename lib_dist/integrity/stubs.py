@@ -1,0 +1,67 @@
+"""Switch off lib_dist's own version of what a lab asks students to write.
+
+While a lab is graded (the grader sets LIB_DIST_GRADED_LAB in the kernel's environment, which
+every engine inherits), each reference the lab declares in `lib_dist.extend.LABS` keeps its
+name but loses its body: its code object is replaced by one that raises `AskedToWrite`. Every
+reference to the function changes at once, however it was reached: `from lib_dist.losses import
+cross_entropy`, a module attribute, a table that holds the function (the tuner's algorithms),
+or a function pickled by reference to an engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from typing import Any
+
+from ..extend import LABS
+
+GRADED_LAB = "LIB_DIST_GRADED_LAB"
+
+
+class AskedToWrite(NotImplementedError):
+    """Raised by lib_dist's version of something the lab being graded asks students to write."""
+
+
+def switch_off_references(lab: str) -> list[str]:
+    """Replace the body of every reference `lab` declares; return their dotted names."""
+    if lab not in LABS:
+        raise KeyError(f"{GRADED_LAB}={lab!r} names no lab (known: {', '.join(sorted(LABS))})")
+    done = []
+    for reference in LABS[lab].references:
+        function = resolve(reference)
+        dotted = reference.replace(":", ".")
+        message = (f"{lab} asks you to write this yourself: {dotted} is lib_dist's own "
+                   f"version, switched off while the lab is graded")
+        function.__code__ = _raising_code(message, len(function.__code__.co_freevars))
+        done.append(dotted)
+    return done
+
+
+def resolve(reference: str) -> types.FunctionType:
+    """The function named by "package.module:Qual.name"."""
+    module_name, _, qualname = reference.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, types.FunctionType):
+        raise TypeError(f"{reference} is a {type(obj).__name__}; a lab's references are "
+                        f"functions or methods")
+    return obj
+
+
+def _raising_code(message: str, free_variables: int) -> types.CodeType:
+    """A code object that raises AskedToWrite(message), with as many free variables as the
+    function it replaces has (Python requires the two to match)."""
+    names = [f"_free{i}" for i in range(free_variables)]
+    source = (
+        "def outer():\n"
+        + (f"    {' = '.join(names)} = None\n" if names else "")
+        + "    def stub(*args, **kwargs):\n"
+        + (f"        ({', '.join(names)},)\n" if names else "")
+        + "        raise __import__('lib_dist.integrity.stubs', fromlist=['AskedToWrite'])"
+        + f".AskedToWrite({message!r})\n"
+        + "    return stub\n")
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<lib_dist.integrity.stubs>", "exec"), namespace)  # noqa: S102
+    return namespace["outer"]().__code__
