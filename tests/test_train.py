@@ -20,7 +20,7 @@ from lib_dist.losses import next_token_loss  # noqa: E402
 from lib_dist.models import GPT, MLP, GPTConfig  # noqa: E402
 from lib_dist.train import (  # noqa: E402
     accuracy, evaluate, format_budgets, gpt_memory_estimate, load_checkpoint,
-    measure_training_memory, pick_device, save_checkpoint, train, train_step)
+    measure_peak_memory, measure_training_memory, pick_device, save_checkpoint, train, train_step)
 
 DIGITS = load_digits(seed=0)
 
@@ -134,6 +134,34 @@ def test_memory_estimate_matches_measurement(config, batch, optimizer, slots):
     assert measured.optimizer_state == estimate.optimizer_state
     assert measured.activations == pytest.approx(estimate.activations, rel=0.02)
     assert "activations" in format_budgets(estimate=estimate, measured=measured)
+
+
+def test_the_peak_of_a_step_is_early_in_backward_with_every_activation_still_held():
+    config = GPTConfig(vocab_size=40, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(config.vocab_size, (8, config.block_size), generator=gen)
+    y = torch.randint(config.vocab_size, (8, config.block_size), generator=gen)
+    loss = functools.partial(next_token_loss, loss_fn=F.cross_entropy)
+    budgets, peaks = [], []
+    for measure in (measure_training_memory, measure_peak_memory):
+        torch.manual_seed(0)
+        model = GPT(config)
+        optimizer = torch.optim.AdamW(model.parameters())
+        (budgets if measure is measure_training_memory else peaks).append(
+            measure(model, optimizer, x, y, loss))
+    (budget,), (peak,) = budgets, peaks
+    # held before the step: the parameters, AdamW's two moments (made by the warm-up step),
+    # the batch, the causal mask, and AdamW's step counters (one float each)
+    mask = config.block_size ** 2 * config.n_layer
+    assert peak.before == (budget.parameters + budget.optimizer_state + x.nbytes + y.nbytes
+                           + mask + 4 * len(list(model.parameters())))
+    assert peak.phase == "backward" and peak.into_phase < 0.5
+    assert peak.peak >= peak.before + budget.activations
+    assert peak.timeline[0] == (0.0, peak.before)
+    assert peak.timeline[-1][1] >= peak.before + budget.gradients     # gradients are kept
+    assert list(peak.phases) == ["forward", "backward", "optimizer step"]
+    with pytest.raises(ValueError, match="CPU"):
+        measure_peak_memory(model, optimizer, x.to("meta"), y, loss)
 
 
 def test_memory_activations_grow_with_the_batch_and_dropout_is_refused():

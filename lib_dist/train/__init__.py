@@ -3,11 +3,12 @@
 from .checkpoint import load_checkpoint, save_checkpoint
 from .device import pick_device
 from .loop import History, accuracy, evaluate, train
-from .memory import (MemoryBudget, format_budgets, gpt_activation_bytes, gpt_memory_estimate,
-                     gpt_num_params, measure_training_memory)
+from .memory import (MemoryBudget, PeakMemory, format_budgets, gpt_activation_bytes,
+                     gpt_memory_estimate, gpt_num_params, measure_peak_memory,
+                     measure_training_memory)
 from .step import LossFn, StepFn, train_step
 
-__all__ = ["History", "LossFn", "MemoryBudget", "StepFn", "accuracy", "evaluate",
+__all__ = ["History", "LossFn", "MemoryBudget", "PeakMemory", "StepFn", "accuracy", "evaluate",
            "format_budgets", "gpt_activation_bytes", "gpt_memory_estimate", "gpt_num_params",
-           "load_checkpoint", "measure_training_memory", "pick_device", "save_checkpoint",
-           "train", "train_step"]
+           "load_checkpoint", "measure_peak_memory", "measure_training_memory", "pick_device",
+           "save_checkpoint", "train", "train_step"]

@@ -1,6 +1,6 @@
 """The memory budget of training: parameters, gradients, optimizer state and activations.
 
-Training holds four kinds of tensors at its peak, just before the optimizer step:
+Training holds four kinds of tensors:
 
 - the parameters (P numbers);
 - one gradient per parameter (P more);
@@ -9,17 +9,31 @@ Training holds four kinds of tensors at its peak, just before the optimizer step
 - the activations autograd saved during the forward pass to compute the backward pass. Unlike
   the other three, they grow with the batch size and the sequence length.
 
+They are not all held at once. The backward pass frees each saved activation as soon as the
+gradient that needed it is computed, while it allocates the gradients: activations shrink as
+gradients grow. Memory peaks early in the backward pass, when nearly every activation is still
+held and the first gradients (with the backward's temporary results, such as the gradient of
+the logits) are allocated. The four-way sum `MemoryBudget.total` is therefore not the peak: it
+counts the activations and the gradients in full, together, which never happens, and it leaves
+out temporaries. It is the budget to plan with, not a measurement of the peak.
+
 `gpt_memory_estimate` predicts all four for `lib_dist.models.GPT` from its configuration alone;
 `measure_training_memory` measures them on a real step, counting the tensors autograd actually
 saves (through `torch.autograd.graph.saved_tensors_hooks`), so the two can be compared.
+`measure_peak_memory` measures what a step really holds, moment by moment: every allocation and
+release of PyTorch's CPU allocator during the step, recorded by `torch.profiler`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from ..models.gpt import GPTConfig
 from .step import LossFn
@@ -36,6 +50,8 @@ class MemoryBudget:
 
     @property
     def total(self) -> int:
+        """The four-way sum: the budget to plan with. Not the peak, which is lower because
+        the backward pass frees activations while it allocates gradients (module docstring)."""
         return self.parameters + self.gradients + self.optimizer_state + self.activations
 
     def rows(self) -> list[tuple[str, int]]:
@@ -121,6 +137,84 @@ def measure_training_memory(model: nn.Module, optimizer: torch.optim.Optimizer, 
                             if isinstance(v, torch.Tensor) and v.dim() > 0),
         activations=sum(saved.values()),
     )
+
+
+PHASES = ("forward", "backward", "optimizer step")
+
+
+@dataclass
+class PeakMemory:
+    """What one training step held, measured by PyTorch's CPU allocator.
+
+    `before` is what was held when the step started (the parameters, the optimizer's state, any
+    gradients and the batch), `peak` the most held at any moment of the step, `phase` the part of
+    the step it happened in and `into_phase` how far into it (0 at its start, 1 at its end).
+    `timeline` is (milliseconds since the step started, bytes held) after every allocation and
+    release; `phases` maps each phase to its (start, end) in the same milliseconds.
+    """
+
+    before: int
+    peak: int
+    phase: str
+    into_phase: float
+    timeline: list[tuple[float, int]] = field(repr=False)
+    phases: dict[str, tuple[float, float]] = field(repr=False)
+
+
+def measure_peak_memory(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                        y: torch.Tensor, loss_fn: LossFn, warmup_steps: int = 1) -> PeakMemory:
+    """Run `warmup_steps` training steps on (x, y), then one more under `torch.profiler` with
+    `profile_memory=True`, and return what that step held, moment by moment (CPU tensors).
+
+    The warm-up makes the measured step a typical one: AdamW creates its moments in its first
+    step. The profiler records every allocation and release of the CPU allocator during the step,
+    so the measurement includes what `MemoryBudget` does not count: temporary results, and the
+    gradient of the logits that the backward pass computes first. The steps really update the
+    model.
+    """
+    if x.device.type != "cpu":
+        raise ValueError("measure_peak_memory reads the CPU allocator: pass CPU tensors")
+
+    def step() -> None:  # the labels mark the phases in the profiler's trace
+        optimizer.zero_grad(set_to_none=True)
+        with record_function(PHASES[0]):
+            loss = loss_fn(model(x), y)
+        with record_function(PHASES[1]):
+            loss.backward()
+        with record_function(PHASES[2]):
+            optimizer.step()
+
+    for _ in range(warmup_steps):
+        step()
+    optimizer.zero_grad(set_to_none=True)
+    held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in [*model.parameters(), *model.buffers(), x, y,
+                      *(v for s in optimizer.state.values() for v in s.values()
+                        if isinstance(v, torch.Tensor))]}
+    before = sum(held.values())
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "step.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    spans = {e["name"]: (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("name") in PHASES and e.get("ph") == "X"}
+    start = spans[PHASES[0]][0]
+    changes = sorted((float(e["ts"]), int(e["args"]["Bytes"])) for e in events
+                     if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0
+                     and start <= float(e["ts"]) <= spans[PHASES[2]][1])
+    timeline, now = [(0.0, before)], before
+    for ts, change in changes:
+        now += change
+        timeline.append(((ts - start) / 1e3, now))
+    when, peak = max(timeline, key=lambda point: point[1])
+    phases = {name: ((a - start) / 1e3, (b - start) / 1e3) for name, (a, b) in spans.items()}
+    phase = next((name for name in PHASES if phases[name][0] <= when <= phases[name][1]),
+                 PHASES[0])
+    a, b = phases[phase]
+    return PeakMemory(before, peak, phase, (when - a) / (b - a) if b > a else 0.0, timeline,
+                      phases)
 
 
 def format_budgets(**budgets: MemoryBudget) -> str:
