@@ -195,8 +195,12 @@ def torch_rank_main(rank: int, world_size: int, port: int, timeout: float,
     `(name, function name in this module, args)` with a fresh trace, and put
     `(rank, name, status, pickled payload, trace events as dicts)` on `queue`, status "ok"
     (payload: the result) or "error" (payload: (exception type name, message)). Stops at the
-    first error, since a failed gloo group is unusable. Ends with a "done" entry."""
+    first error, since a failed gloo group is unusable. Ends with a "done" entry.
+
+    `messages`: join_group's, or "arm64": "auto" on a machine that says it is an arm64 one,
+    where shared memory must not be used (`lib_dist.comm.fast.shared_memory_supported`)."""
     import pickle
+    import platform
     import traceback
     from datetime import timedelta
 
@@ -204,6 +208,10 @@ def torch_rank_main(rank: int, world_size: int, port: int, timeout: float,
 
     from lib_dist.comm import Trace, join_group
 
+    expected = messages
+    if messages == "arm64":
+        platform.machine = lambda: "arm64"
+        messages, expected = "auto", "backend"
     try:
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                               timeout=timedelta(seconds=120))
@@ -211,7 +219,11 @@ def torch_rank_main(rank: int, world_size: int, port: int, timeout: float,
         store.set(f"arrived/{rank}", "1")
         store.wait([f"arrived/{q}" for q in range(world_size)], timedelta(seconds=120))
         comm = join_group(rank, world_size, store, timeout=timeout, messages=messages)
-        assert comm.messages == messages, (comm.messages, messages)
+        assert comm.messages == expected, (comm.messages, expected)
+        if expected == "backend" and messages == "auto":  # nothing of the fast paths
+            assert comm._all_reduces.shared is None
+            assert "shared_memory" not in {comm.choose_all_reduce(n) for n in (8, 1 << 24)}
+            assert "shared_memory" not in comm.tuner.fits
         for name, fn_name, args in checks:
             comm.trace = Trace()
             try:

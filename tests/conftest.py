@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 import time
 
 import psutil
+
+# The tuner's calibrations go to a cache of this test session's own, not the user's
+# (`lib_dist.comm.fast.calibration`); processes the tests start inherit it.
+os.environ["LIB_DIST_TUNER_CACHE"] = tempfile.mkdtemp(prefix="lib_dist-test-tuner-")
+atexit.register(shutil.rmtree, os.environ["LIB_DIST_TUNER_CACHE"], True)
 
 
 def alive(pids: set[int] | list[int]) -> list[int]:

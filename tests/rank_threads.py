@@ -7,7 +7,7 @@ import threading
 
 
 class Threads:
-    """`world_size` ranks as threads, with the `gather` that the shared-memory transports' `open`
+    """`world_size` ranks as threads, with the `gather` that mapping the shared-memory files
     needs (every rank's value, in rank order)."""
 
     def __init__(self, world_size: int):

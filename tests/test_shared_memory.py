@@ -13,14 +13,24 @@ import torch
 
 from lib_dist.cluster import Cluster
 from lib_dist.comm import CommTimeout
-from lib_dist.comm.shared_files import memory_directory
-from lib_dist.comm.shared_memory import SharedMemoryAllReduce
+from lib_dist.comm.fast.all_reduce import SharedMemoryAllReduce
+from lib_dist.comm.fast.files import map_shared_files, memory_directory
 from lib_dist.errors import RankFailure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rank_threads import Threads  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def opened(rank: int, world_size: int, gather, timeout: float,
+           capacity: int = 8 << 20) -> SharedMemoryAllReduce | None:
+    """This thread rank's end of a shared-memory all-reduce; None if the files cannot be
+    shared."""
+    files = map_shared_files(rank, world_size, gather, SharedMemoryAllReduce.file_bytes(capacity),
+                             "allreduce")
+    return None if files is None else SharedMemoryAllReduce(rank, world_size, files, capacity,
+                                                            timeout)
 
 
 def tensors_of(rank: int, length: int, dtype: torch.dtype) -> torch.Tensor:
@@ -36,7 +46,7 @@ def test_sums_match_and_every_rank_holds_the_same_bits(world_size):
     lengths, dtypes = [0, 1, 2, 5, 1001], [torch.float64, torch.float32, torch.int64]
 
     def rank_fn(rank, gather):
-        shared = SharedMemoryAllReduce.open(rank, world_size, gather, timeout=30, capacity=256)
+        shared = opened(rank, world_size, gather, timeout=30, capacity=256)
         assert shared is not None
         out = {}
         for dtype in dtypes:
@@ -60,7 +70,7 @@ def test_nothing_is_left_in_the_shared_directory():
     directory = memory_directory()
     assert directory is not None, "this machine should have /dev/shm or a tmpfs /tmp"
     before = set(directory.glob("lib_dist-allreduce-*"))
-    results = Threads(3).run(lambda rank, gather: SharedMemoryAllReduce.open(
+    results = Threads(3).run(lambda rank, gather: opened(
         rank, 3, gather, timeout=30, capacity=1024))
     assert all(r is not None for r in results)
     assert set(directory.glob("lib_dist-allreduce-*")) == before
@@ -72,14 +82,14 @@ def test_ranks_on_different_hosts_get_none_everywhere():
             values = gather(value)
             return [("elsewhere", *v[1:]) if r == 1 and isinstance(v, tuple) else v
                     for r, v in enumerate(values)]
-        return SharedMemoryAllReduce.open(rank, 2, as_if_on_two_hosts, timeout=30)
+        return opened(rank, 2, as_if_on_two_hosts, timeout=30)
 
     assert Threads(2).run(rank_fn) == [None, None]
 
 
 def test_a_rank_that_never_arrives_is_named_after_the_timeout():
     def rank_fn(rank, gather):
-        shared = SharedMemoryAllReduce.open(rank, 3, gather, timeout=0.5, capacity=1024)
+        shared = opened(rank, 3, gather, timeout=0.5, capacity=1024)
         if rank == 2:
             return "skipped the all-reduce"
         try:
@@ -116,8 +126,6 @@ def test_engines_use_it_and_a_missing_rank_fails_the_run_instead_of_hanging():
 def test_no_room_in_shared_memory_means_none_everywhere():
     """A tmpfs too small for the group's files (a container's 64 MB /dev/shm) is not used:
     touching a page it cannot hold would kill the process with SIGBUS."""
-    from lib_dist.comm.shared_files import map_shared_files
-
     huge = 1 << 50
     got = Threads(2).run(lambda rank, gather: map_shared_files(rank, 2, gather, huge, "test"))
     assert got == [None, None]

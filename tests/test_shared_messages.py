@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from lib_dist.comm import CommError, CommTimeout, MismatchError
-from lib_dist.comm.shared_messages import SLOT, SLOTS, SharedMemoryMessages
+from lib_dist.comm.fast.channels import SLOT, SLOTS, Channels
+from lib_dist.comm.fast.files import map_shared_files
+from lib_dist.comm.fast.messages import SharedMemoryMessages
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rank_threads import Threads  # noqa: E402
@@ -23,8 +25,10 @@ def opened(world_size: int, timeout: float = 30.0):
     """fn(rank, transport) on `world_size` thread ranks, each with its own transport."""
     def run(fn):
         def rank_fn(rank, gather):
-            transport = SharedMemoryMessages.open(rank, world_size, gather, timeout)
-            assert transport is not None
+            files = map_shared_files(rank, world_size, gather,
+                                     Channels.file_bytes(world_size), "messages")
+            assert files is not None
+            transport = SharedMemoryMessages(rank, world_size, files, timeout)
             try:
                 return fn(rank, transport)
             finally:

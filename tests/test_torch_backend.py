@@ -1,7 +1,9 @@
 """TorchCommunicator over real gloo processes: the algorithms of tests/algorithms.py give the
 same results and the same point-to-point traces as on the simulated world, the native
 collectives agree with local computation, and a deadlock ends in CommTimeout. All of it with
-messages through shared memory (the default on one host) and through gloo's own sockets.
+messages through shared memory (the default on one host), through gloo's own sockets, and
+with the default on a machine that shared memory is not safe on (an arm64 one, pretended):
+the fallback to gloo's sockets, with no shared-memory all-reduce either.
 
 Each world size and transport is one spawned run (torch imports cost seconds per process) executing every
 check in turn; the tests below read its results. The deadlock runs last, as a timed-out gloo
@@ -127,6 +129,7 @@ def spawn_run(world_size: int, messages: str, checks: list, timeout: float,
 
 _RUNS: dict[tuple[int, str], Outcome] = {}
 TRANSPORTS = ("shared_memory", "backend")
+FALLBACK = "arm64"  # "auto" where shared memory is ruled out: see algorithms.torch_rank_main
 
 
 def gloo_world(world_size: int, messages: str) -> Outcome:
@@ -141,7 +144,8 @@ def gloo_world(world_size: int, messages: str) -> Outcome:
     return _RUNS[key]
 
 
-@pytest.fixture(scope="module", params=[(n, m) for m in TRANSPORTS for n in (2, 4)],
+@pytest.fixture(scope="module",
+                params=[(n, m) for m in TRANSPORTS for n in (2, 4)] + [(4, FALLBACK)],
                 ids=lambda p: f"world{p[0]}-{p[1]}")
 def gloo_run(request) -> Outcome:
     return gloo_world(*request.param)

@@ -10,7 +10,7 @@ import torch
 from lib_dist.cluster import Cluster
 from lib_dist.comm import AlphaBeta, SimulatedWorld
 from lib_dist.comm.algorithms import ALGORITHMS, RING
-from lib_dist.comm.tuner import (
+from lib_dist.comm.fast.tuner import (
     NATIVE, SHARED_MEMORY, Fit, TunerModel, calibrate, fit_line, native_only,
 )
 from lib_dist.errors import RankFailure

@@ -1,9 +1,9 @@
 """All-reduce algorithms built from point-to-point messages, and what each costs.
 
 Every algorithm sums a flat, contiguous tensor over all ranks, in place, with nothing but
-`isend`, `irecv` and `wait()` on `comm`: any object with `rank`, `world_size`, `isend` and
-`irecv`. That is a `Communicator` (its messages are traced, so tests and notebooks can count
-them), or the torch backend's untraced path inside `TorchCommunicator.all_reduce`. Every rank
+`isend`, `irecv` and `wait()` on `comm`: any `PointToPoint` (`rank`, `world_size`, messages).
+That is a `Communicator` (its messages are traced, so tests and notebooks can count them), or
+the torch backend's untraced lane inside `TorchCommunicator.all_reduce`. Every rank
 ends with the same bits: each element's sum is computed once, or by partners adding the same
 two values (addition is commutative), never in a rank-dependent order.
 
@@ -23,11 +23,11 @@ chunks split evenly).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-from .base import chunk_bounds, wait_all
+from .base import PointToPoint, chunk_bounds, wait_all
 from .trace import AlphaBeta
 
 StepHook = Callable[[int], None]
@@ -40,7 +40,7 @@ class Algorithm:
     through its link on that path, so that `cost = steps * alpha + sent / beta`."""
 
     name: str
-    run: Callable[..., None] | None  # None for a backend's own all-reduce (the tuner's "native")
+    run: Callable[[PointToPoint, torch.Tensor], None] | None  # None: a backend's own ("native")
     steps: Callable[[int], int]
     sent: Callable[[int, int], float]
 
@@ -54,7 +54,7 @@ class Algorithm:
 # -- the algorithms ----------------------------------------------------------------------------
 
 
-def ring(comm: Any, flat: torch.Tensor, on_step: StepHook | None = None) -> None:
+def ring(comm: PointToPoint, flat: torch.Tensor, on_step: StepHook | None = None) -> None:
     """Reduce-scatter then all-gather around the ring rank -> rank + 1, one chunk per step.
 
     In reduce-scatter step s (s = 0..N-2) rank r sends its partial sum of chunk r - s - 1
@@ -81,7 +81,7 @@ def ring(comm: Any, flat: torch.Tensor, on_step: StepHook | None = None) -> None
             on_step(n - 1 + s)
 
 
-def gather_broadcast(comm: Any, flat: torch.Tensor) -> None:
+def gather_broadcast(comm: PointToPoint, flat: torch.Tensor) -> None:
     """Parameter-server style: every rank sends its tensor to rank 0, which adds them up and
     sends the total back to each. Rank 0's link carries (N-1) n bytes each way."""
     others = range(1, comm.world_size)
@@ -98,7 +98,7 @@ def gather_broadcast(comm: Any, flat: torch.Tensor) -> None:
         wait_all([comm.irecv(flat, 0)])
 
 
-def recursive_doubling(comm: Any, flat: torch.Tensor) -> None:
+def recursive_doubling(comm: PointToPoint, flat: torch.Tensor) -> None:
     """log2 N rounds; in round k rank r swaps its whole partial sum with rank r XOR 2^k and
     adds. Fewest rounds, but n bytes each round."""
     def rounds(group: list[int], me: int) -> None:
@@ -113,7 +113,7 @@ def recursive_doubling(comm: Any, flat: torch.Tensor) -> None:
     _with_power_of_two(comm, flat, rounds)
 
 
-def halving_doubling(comm: Any, flat: torch.Tensor) -> None:
+def halving_doubling(comm: PointToPoint, flat: torch.Tensor) -> None:
     """Rabenseifner's algorithm: reduce-scatter by recursive halving (each round, partners
     split their common range in two, each keeps one half and sends the other), then
     all-gather by recursive doubling (the same rounds backwards). 2 log2 N rounds and, like
@@ -139,7 +139,7 @@ def halving_doubling(comm: Any, flat: torch.Tensor) -> None:
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def _exchange(comm: Any, out: torch.Tensor, dst: int, into: torch.Tensor, src: int) -> None:
+def _exchange(comm: PointToPoint, out: torch.Tensor, dst: int, into: torch.Tensor, src: int) -> None:
     """Send `out` to dst while receiving `into` from src; empty tensors are not sent."""
     handles = [comm.irecv(into, src)] if into.numel() else []
     if out.numel():
@@ -147,7 +147,7 @@ def _exchange(comm: Any, out: torch.Tensor, dst: int, into: torch.Tensor, src: i
     wait_all(handles)
 
 
-def _with_power_of_two(comm: Any, flat: torch.Tensor,
+def _with_power_of_two(comm: PointToPoint, flat: torch.Tensor,
                        rounds: Callable[[list[int], int], None]) -> None:
     """Run `rounds(group, index in group)` on the largest power of two of ranks, 0..P-1.
     Each rank P + i first folds its tensor into rank i and gets the result back at the end."""

@@ -1,6 +1,7 @@
 """The communicator every lab programs against: point-to-point messages between ranks.
 
-This is the one place the interface is documented. A rank owns a `Communicator` with:
+This is where the interface is documented (`lib_dist.extend` lists every extension point,
+this one among them). A rank owns a `Communicator` with:
 
 - `rank`, `world_size`, `device`: who am I, how many of us, where my tensors live;
 - `send(tensor, dst)` / `recv(buffer, src)`: blocking. A send completes only once the
@@ -16,14 +17,17 @@ This is the one place the interface is documented. A rank owns a `Communicator` 
 Messages between a pair of ranks arrive in the order they were sent. Every completed
 operation is recorded in `trace` (see `lib_dist.comm.trace`).
 
-Backends implement `_post_send`, `_post_recv` and `world_barrier`, nothing else.
+Backends implement `_post_send`, `_post_recv` and `world_barrier`, nothing else. What the
+all-reduce algorithms need of a rank is less than a communicator: `PointToPoint`.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Literal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal, Protocol
 
 import torch
 
@@ -43,26 +47,38 @@ class Handle(ABC):
     def is_completed(self) -> bool: ...
 
 
+class PointToPoint(Protocol):
+    """A rank that can message the others: all the all-reduce algorithms and the tuner need.
+    Every `Communicator` is one; so is the torch backend's untraced lane for the messages
+    inside its own collectives."""
+
+    rank: int
+    world_size: int
+
+    def isend(self, tensor: torch.Tensor, dst: int) -> Handle: ...
+
+    def irecv(self, buffer: torch.Tensor, src: int) -> Handle: ...
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None: ...
+
+    def recv(self, buffer: torch.Tensor, src: int) -> None: ...
+
+
 class _TracedHandle(Handle):
     """Records the operation in the rank's trace when the rank first sees it complete."""
 
     def __init__(self, comm: Communicator, inner: Handle, kind: str, peer: int, nbytes: int):
         self._comm, self._inner = comm, inner
         self._kind, self._peer, self._nbytes = kind, peer, nbytes
-        self._start = time.monotonic()
-        self._after = comm._completed
+        self._posted = (time.monotonic(), comm._completed)
         self._recorded = False
 
     def wait(self) -> None:
-        self._comm.waiting_in = (f"{self._kind} {'to' if self._kind == 'send' else 'from'} "
-                                 f"rank {self._peer}")
-        try:
+        if self._recorded:
+            return self._inner.wait()
+        with self._comm._traced(self._kind, self._peer, self._nbytes, self._posted):
             self._inner.wait()
-        finally:
-            self._comm.waiting_in = None
-        if not self._recorded:
-            self._recorded = True
-            self._comm._record(self._kind, self._peer, self._nbytes, self._start, self._after)
+        self._recorded = True
 
     def is_completed(self) -> bool:
         return self._inner.is_completed()
@@ -85,12 +101,12 @@ class Communicator(ABC):
     def isend(self, tensor: torch.Tensor, dst: int) -> Handle:
         self._check_peer(dst, "send")
         self._check_tensor(tensor, "send")
-        return _TracedHandle(self, self._post_send(tensor, dst), "send", dst, _nbytes(tensor))
+        return _TracedHandle(self, self._post_send(tensor, dst), "send", dst, tensor.nbytes)
 
     def irecv(self, buffer: torch.Tensor, src: int) -> Handle:
         self._check_peer(src, "recv")
         self._check_tensor(buffer, "recv")
-        return _TracedHandle(self, self._post_recv(buffer, src), "recv", src, _nbytes(buffer))
+        return _TracedHandle(self, self._post_recv(buffer, src), "recv", src, buffer.nbytes)
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         self.isend(tensor, dst).wait()
@@ -99,13 +115,8 @@ class Communicator(ABC):
         self.irecv(buffer, src).wait()
 
     def barrier(self) -> None:
-        start, after = time.monotonic(), self._completed
-        self.waiting_in = "barrier"
-        try:
+        with self._traced("barrier"):
             self.world_barrier()
-        finally:
-            self.waiting_in = None
-        self._record("barrier", -1, 0, start, after)
 
     # -- collectives: simple, correct defaults over point-to-point ------------------------
 
@@ -119,18 +130,13 @@ class Communicator(ABC):
         return tensor
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
-        """Reduce `tensor` over all ranks, in place on every rank; returns it."""
+        """Reduce `tensor` over all ranks, in place on every rank; returns it. Every rank
+        sends its tensor to rank 0, which adds them up and sends the total back."""
+        from .algorithms import gather_broadcast  # built on this module: imported late
+
         _check_op(op, tensor)
-        if self.rank == 0:
-            total = tensor.clone()
-            buffers = [torch.empty_like(tensor) for _ in self._others()]
-            wait_all([self.irecv(b, src) for b, src in zip(buffers, self._others())])
-            for b in buffers:
-                total += b
-            tensor.copy_(total)
-        else:
-            self.send(tensor, 0)
-        self.broadcast(tensor, src=0)
+        self._check_tensor(tensor, "all_reduce")
+        gather_broadcast(self, tensor)
         if op == "avg":
             tensor /= self.world_size
         return tensor
@@ -178,7 +184,19 @@ class Communicator(ABC):
     def _others(self) -> list[int]:
         return [r for r in range(self.world_size) if r != self.rank]
 
-    def _record(self, kind: str, peer: int, nbytes: int, start: float, after: int) -> None:
+    @contextmanager
+    def _traced(self, kind: str, peer: int = -1, nbytes: int = 0,
+                posted: tuple[float, int] | None = None) -> Iterator[None]:
+        """Mark this rank as waiting in the operation while the block runs; once it has
+        completed, record it in the trace. `posted`: (start, completions before it) when it
+        was posted earlier than it is waited for (isend, irecv)."""
+        start, after = posted or (time.monotonic(), self._completed)
+        self.waiting_in = (kind if peer < 0 else
+                           f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}")
+        try:
+            yield
+        finally:
+            self.waiting_in = None
         self.trace.record(Event(self.rank, kind, peer, nbytes, start, time.monotonic(),
                                 seq=self._completed, after=after))
         self._completed += 1
@@ -213,10 +231,6 @@ def chunk_bounds(n: int, world_size: int) -> list[tuple[int, int]]:
     the last ones shorter or empty. This is the split reduce_scatter uses."""
     size = -(-n // world_size)
     return [(min(r * size, n), min((r + 1) * size, n)) for r in range(world_size)]
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
 
 
 def _check_op(op: str, tensor: torch.Tensor) -> None:

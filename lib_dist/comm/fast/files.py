@@ -1,7 +1,8 @@
 """One memory-backed file per rank, mapped by every rank of a group on one host: the medium
-of lib_dist's shared-memory all-reduce (`shared_memory`) and messages (`shared_messages`).
+of the shared-memory messages (`messages`) and all-reduce (`all_reduce`).
 
-`map_shared_files` is collective. Rank r creates its file in /dev/shm (else the temp
+`shared_memory_supported` says whether this machine may use them at all; `map_shared_files`
+is collective. Rank r creates its file in /dev/shm (else the temp
 directory, if that is a tmpfs), every rank maps every file, and once all have, each rank
 removes its file's name: the mappings live on, and no file outlives the processes, however
 they end. Each rank writes only into its own file and reads the others', so that every
@@ -11,18 +12,36 @@ shared number has a single writer and no atomic operation is needed.
 from __future__ import annotations
 
 import os
+import platform
 import secrets
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 
+T = TypeVar("T")
 Gather = Callable[[object], list]  # all_gather_object-like: this rank's value -> every rank's
 SPIN = 2e-3  # seconds a waiting rank yields its core before it starts to nap
 MAX_NAP = 1e-3  # longest nap between two looks at the other ranks' numbers
+
+
+X86_64 = ("x86_64", "amd64")
+
+
+def shared_memory_supported() -> bool:
+    """Whether ranks on this machine may talk through shared memory: on x86-64 Linux only.
+
+    A rank writes its bytes, then the counter that announces them, and a rank that reads the
+    counter trusts the bytes before it. x86-64 keeps one core's stores in that order for
+    every other core (total store order); ARM (Apple-silicon and most ARM laptops) and POWER
+    may not, and Python has no memory fence to make them. Elsewhere messages and all-reduces
+    go through gloo's sockets, which are correct everywhere. (/dev/shm and
+    /proc/self/mounts, used below, are Linux's too.)"""
+    return sys.platform.startswith("linux") and platform.machine().lower() in X86_64
 
 
 def pause(waited: float) -> None:
@@ -38,11 +57,12 @@ def pause(waited: float) -> None:
 def map_shared_files(rank: int, world_size: int, gather: Gather, nbytes: int,
                      purpose: str) -> list[torch.Tensor] | None:
     """Every rank's file of `nbytes` zero bytes, as uint8 tensors indexed by rank; None on
-    every rank if any rank cannot map them all (ranks on several hosts, no writable
-    memory-backed directory). `gather(value)` must return every rank's value in rank order,
-    as `torch.distributed.all_gather_object` does."""
-    directory = memory_directory(room=world_size * nbytes)
-    places = gather((socket.gethostname(), _boot_id(), str(directory), secrets.token_hex(8)))
+    every rank if any rank cannot map them all (ranks on several hosts, a machine that
+    `shared_memory_supported` rules out, no writable memory-backed directory).
+    `gather(value)` must return every rank's value in rank order, as
+    `torch.distributed.all_gather_object` does."""
+    directory = memory_directory(room=world_size * nbytes) if shared_memory_supported() else None
+    places = gather((socket.gethostname(), boot_id(), str(directory), secrets.token_hex(8)))
     if directory is None or len({p[:3] for p in places}) != 1:
         return None
     token = places[0][3]
@@ -86,7 +106,7 @@ def _is_tmpfs(path: Path) -> bool:
     return bool(holding) and max(holding)[1] == "tmpfs"
 
 
-def _boot_id() -> str:
+def boot_id() -> str:
     """Different on every machine (and every boot): hostnames can repeat across containers."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -100,7 +120,7 @@ def _create(path: Path, nbytes: int) -> bool:
     return True
 
 
-def _attempt(make: Callable[[], object]):
+def _attempt(make: Callable[[], T]) -> T | None:
     try:
         return make()
     except (OSError, RuntimeError):

@@ -13,6 +13,7 @@ algorithm at a few sizes. What the alpha-beta formula leaves out (Python's cost 
 gloo's worker thread, ranks sharing cores) lands in those two numbers. All ranks adopt the
 slowest rank's timings, so they build the same model and choose the same algorithm for the
 same tensor, as they must: ranks running different algorithms would deadlock.
+`calibration` keeps the result, once per machine.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from typing import Any, Callable
 
 import torch
 
-from .algorithms import ALGORITHMS, RING, Algorithm, gather_broadcast
-from .trace import AlphaBeta
+from ..algorithms import ALGORITHMS, RING, Algorithm, gather_broadcast
+from ..base import PointToPoint
+from ..trace import AlphaBeta
 
 NATIVE = "native"
 SHARED_MEMORY = "shared_memory"
 # gloo's all-reduce is a ring (reduce-scatter then all-gather); price "native" as one. The
-# shared-memory all-reduce (`lib_dist.comm.shared_memory`) sends no message (its two
+# shared-memory all-reduce (`all_reduce`) sends no message (its two
 # barriers are its overhead) and copies each byte into and out of shared memory: 2n bytes.
 SHAPES: dict[str, Algorithm] = {
     **ALGORITHMS,
@@ -97,7 +99,7 @@ def native_only(world_size: int) -> TunerModel:
     return TunerModel(world_size, AlphaBeta(), {NATIVE: Fit(0.0, 1.0)})
 
 
-def calibrate(p2p: Any, run: Callable[[str, torch.Tensor], None],
+def calibrate(p2p: PointToPoint, run: Callable[[str, torch.Tensor], None],
               slowest: Callable[[torch.Tensor], torch.Tensor],
               candidates: tuple[str, ...] = P2P_AND_NATIVE,
               sizes: tuple[int, ...] = CALIBRATION_SIZES, margin: float = MARGIN,
@@ -142,7 +144,7 @@ def fit_line(name: str, world_size: int, network: AlphaBeta,
     return Fit(overhead=my - slope * mx, efficiency=1.0 / slope)
 
 
-def _ping_pong(p2p: Any, slowest: Callable[[torch.Tensor], torch.Tensor],
+def _ping_pong(p2p: PointToPoint, slowest: Callable[[torch.Tensor], torch.Tensor],
                small: int = 8, large: int = 4 << 20, reps: int = 5) -> AlphaBeta:
     """alpha: half a round trip of `small` bytes between ranks 0 and 1; beta: from the extra
     time `large` bytes take. Medians of `reps` round trips; other ranks wait."""
@@ -158,7 +160,7 @@ def _ping_pong(p2p: Any, slowest: Callable[[torch.Tensor], torch.Tensor],
     return AlphaBeta(alpha=alpha, beta=(large - small) / max(big - alpha, big / 2, 1e-9))
 
 
-def _round_trip(p2p: Any, peer: int, out: torch.Tensor, into: torch.Tensor) -> None:
+def _round_trip(p2p: PointToPoint, peer: int, out: torch.Tensor, into: torch.Tensor) -> None:
     if p2p.rank == 0:
         p2p.isend(out, peer).wait()
         p2p.irecv(into, peer).wait()
@@ -167,7 +169,7 @@ def _round_trip(p2p: Any, peer: int, out: torch.Tensor, into: torch.Tensor) -> N
         p2p.isend(out, peer).wait()
 
 
-def _times(p2p: Any, run: Callable[[str, torch.Tensor], None], candidates: tuple[str, ...],
+def _times(p2p: PointToPoint, run: Callable[[str, torch.Tensor], None], candidates: tuple[str, ...],
            nbytes: int, barrier: Callable[[], None]) -> list[float]:
     """Median seconds per call of every candidate on `nbytes`. Calls are interleaved, so that
     a disturbance hits all candidates alike, and each starts from a barrier, so that none

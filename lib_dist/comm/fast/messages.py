@@ -3,29 +3,25 @@
 gloo sends every message over a loopback TCP socket, even between processes on one machine:
 each byte is copied into the kernel and out again, and a thread wakes per message. MPI and
 NCCL move intra-node messages through shared memory instead, and so does
-`TorchCommunicator` when every rank of its gloo group runs on one host (see its `messages`
-argument): `SharedMemoryMessages` is that transport. The contract is the communicator's
-(`lib_dist.comm.base`): a send completes once the receiver has taken the whole message, so
-two ranks that both send first still deadlock, and messages between two ranks arrive in the
-order they were sent.
+`TorchCommunicator` when every rank of its gloo group runs on one x86-64 Linux host (see
+`join_group`'s `messages`): `SharedMemoryMessages` is that transport. The contract is the
+communicator's (`lib_dist.comm.base`): a send completes once the receiver has taken the whole
+message, so two ranks that both send first still deadlock, and messages between two ranks
+arrive in the order they were sent.
 
-Layout: each rank maps every rank's file (`lib_dist.comm.shared_files`). Rank s's file
-holds, for every destination d and lane (the user's messages, and lib_dist's own inside
-collectives, which must never match each other), a channel of `SLOTS` slots of `SLOT` bytes
-and a counter `sent[lane][d]` of the pieces it has published there; rank d's file holds
-`taken[lane][s]`, the pieces it has consumed. A message goes in pieces of at most `SLOT`
-bytes: piece p goes to slot p % SLOTS once `p - taken < SLOTS`, then `sent` becomes p + 1;
-the receiver copies it out and sets `taken` to p + 1. Every counter has a single writer,
-written after the bytes it announces (x86 keeps stores in order; elsewhere the lock around
-every progress step orders them).
+Layout: a channel of slots per pair of ranks and lane, with counters of the pieces
+published and taken (`channels`). A message goes in pieces of at most `SLOT` bytes: piece p
+goes to slot p % SLOTS once `p - taken < SLOTS`, then `sent` becomes p + 1; the receiver
+copies it out and sets `taken` to p + 1.
 
 Progress: a thread per rank moves the pieces of every pending operation, as gloo's own
 thread does, so that a rank blocked elsewhere (in a barrier, say) still delivers what it
 posted. The posting thread moves what it can at once, and a thread in `wait()` moves bytes
 itself for a while, so that no thread needs waking when its message completes; the
 progress thread stands back until the rank's own threads have left the operations alone
-for `SETTLE` (two threads of one process polling would fight over the GIL). A thread with nothing to move yields its core first (ranks often
-share cores), then sleeps in growing naps of up to a millisecond.
+for `SETTLE` (two threads of one process polling would fight over the GIL). A thread with
+nothing to move yields its core first (ranks often share cores), then sleeps in growing naps
+of up to a millisecond.
 """
 
 from __future__ import annotations
@@ -37,18 +33,13 @@ from collections import deque
 
 import torch
 
-from .base import Handle
-from .errors import CommError, CommTimeout, MismatchError
-from .shared_files import SPIN, Gather, map_shared_files, pause
+from ..base import Handle
+from ..errors import CommError, CommTimeout, MismatchError
+from .channels import LANES, SLOT, SLOTS, Channels, dtype_code, dtype_name
+from .files import SPIN, pause
 
-SLOT = 2 << 20  # bytes per piece: small enough that copying in and out overlap
-SLOTS = 4  # pieces in flight per channel
-LANES = 2  # 0: the user's messages; 1: those inside lib_dist's collectives
-LINE = 64  # bytes: counters and slot headers each get a cache line
 SETTLE = 1e-3  # seconds the progress thread leaves operations to the rank's own threads
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
-          torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-          torch.bool)
+Queues = dict[tuple[int, int], deque["Message"]]  # (lane, peer) -> pending operations
 
 
 class Message(Handle):
@@ -89,19 +80,17 @@ class Message(Handle):
 
 
 class SharedMemoryMessages:
-    """One rank's end of the transport. Make it with `open` (collective)."""
+    """One rank's end of the transport, over the group's mapped `files` (one per rank, of
+    `Channels.file_bytes(world_size)` bytes; see `files.map_shared_files`)."""
 
     def __init__(self, rank: int, world_size: int, files: list[torch.Tensor], timeout: float):
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
-        self._files = files
-        self._counters = [f[: _counter_bytes(world_size)].view(torch.int64).numpy()
-                          for f in files]
-        self._sends = {(lane, peer): deque() for lane in range(LANES)
-                       for peer in range(world_size)}
-        self._recvs = {key: deque() for key in self._sends}
+        self._channels = Channels(world_size, files)
+        self._sends: Queues = {(lane, peer): deque() for lane in range(LANES)
+                               for peer in range(world_size)}
+        self._recvs: Queues = {key: deque() for key in self._sends}
         self._published = dict.fromkeys(self._sends, 0)
         self._consumed = dict.fromkeys(self._sends, 0)
-        self._slots: dict[tuple[int, int, int, int], tuple] = {}
         self._waiters = 0  # threads inside wait(), moving bytes themselves
         self._touched = 0.0  # when a thread of the rank's own last posted or moved bytes
         self._broken: str | None = None
@@ -110,20 +99,6 @@ class SharedMemoryMessages:
         self._thread = threading.Thread(target=self._progress_forever, daemon=True,
                                         name=f"lib_dist shared-memory messages, rank {rank}")
         self._thread.start()
-
-    @classmethod
-    def open(cls, rank: int, world_size: int, gather: Gather,
-             timeout: float) -> SharedMemoryMessages | None:
-        """Map every rank's channels; None on every rank if the ranks cannot share memory
-        (see `map_shared_files`, which also says what `gather` is). Collective."""
-        files = map_shared_files(rank, world_size, gather, cls.file_bytes(world_size),
-                                 "messages")
-        return None if files is None else cls(rank, world_size, files, timeout)
-
-    @staticmethod
-    def file_bytes(world_size: int) -> int:
-        """The bytes of each rank's file: counters, then every lane's channel to each rank."""
-        return _counter_bytes(world_size) + LANES * world_size * SLOTS * (LINE + SLOT)
 
     def isend(self, tensor: torch.Tensor, dst: int, lane: int = 0) -> Message:
         """Start sending the contiguous `tensor` to rank `dst`."""
@@ -144,7 +119,7 @@ class SharedMemoryMessages:
 
     # -- progress ------------------------------------------------------------------------
 
-    def _post(self, message: Message, queues: dict) -> Message:
+    def _post(self, message: Message, queues: Queues) -> Message:
         with self._cv:
             if self._broken or self._closed:
                 message.finish(CommError(f"{message.what}: {self._broken or 'closed'}"))
@@ -184,7 +159,7 @@ class SharedMemoryMessages:
                 self._waiters -= 1
 
     def _progress_forever(self) -> None:
-        idle_since = None
+        idle_since: float | None = None
         with self._cv:
             while not self._closed:
                 if not self._busy():
@@ -221,9 +196,9 @@ class SharedMemoryMessages:
     def _busy(self) -> bool:
         return any(self._sends.values()) or any(self._recvs.values())
 
-    def _push(self, key: tuple[int, int], queue: deque) -> bool:
+    def _push(self, key: tuple[int, int], queue: deque[Message]) -> bool:
         lane, peer = key
-        taken = int(self._counters[peer][_taken(self.world_size, lane, self.rank)])
+        taken = self._channels.taken(peer, lane, self.rank)
         moved = False
         while queue and queue[0].last_piece is not None and taken > queue[0].last_piece:
             queue.popleft().finish()
@@ -239,33 +214,33 @@ class SharedMemoryMessages:
     def _write_piece(self, key: tuple[int, int], message: Message) -> None:
         lane, peer = key
         piece = self._published[key]
-        header, data = self._slot(self.rank, lane, peer, piece % SLOTS)
+        header, data = self._channels.slot(self.rank, lane, peer, piece)
         lo = message.moved * SLOT
         hi = min(lo + SLOT, message.total)
         data[: hi - lo] = message.bytes[lo:hi]
-        header[:4] = (message.total, hi - lo, _dtype_code(message.tensor),
+        header[:4] = (message.total, hi - lo, dtype_code(message.tensor),
                       message.tensor.numel())
         message.moved += 1
         if message.moved == message.pieces:
             message.last_piece = piece
         self._published[key] = piece + 1
-        self._counters[self.rank][_sent(self.world_size, lane, peer)] = piece + 1
+        self._channels.set_sent(self.rank, lane, peer, piece + 1)
 
-    def _pull(self, key: tuple[int, int], queue: deque) -> bool:
+    def _pull(self, key: tuple[int, int], queue: deque[Message]) -> bool:
         lane, peer = key
-        sent = int(self._counters[peer][_sent(self.world_size, lane, self.rank)])
+        sent = self._channels.sent(peer, lane, self.rank)
         moved = False
         while queue and self._consumed[key] < sent:
             message, piece = queue[0], self._consumed[key]
-            header, data = self._slot(peer, lane, self.rank, piece % SLOTS)
+            header, data = self._channels.slot(peer, lane, self.rank, piece)
             total, nbytes, code, numel = (int(v) for v in header[:4])
             if message.moved == 0 and (total, code) != (message.total,
-                                                        _dtype_code(message.tensor)):
+                                                        dtype_code(message.tensor)):
                 queue.popleft()
                 self._broken = "a message did not fit its receive buffer"
                 message.finish(MismatchError(
                     f"{message.what}: the message holds {numel} elements of "
-                    f"{_dtype_name(code)} ({total} bytes) but the buffer has "
+                    f"{dtype_name(code)} ({total} bytes) but the buffer has "
                     f"{message.tensor.numel()} of {message.tensor.dtype} ({message.total} "
                     f"bytes); shapes and dtypes of a send and its receive must match"))
                 return True
@@ -273,7 +248,7 @@ class SharedMemoryMessages:
             message.bytes[lo: lo + nbytes] = data[:nbytes]
             message.moved += 1
             self._consumed[key] = piece + 1
-            self._counters[self.rank][_taken(self.world_size, lane, peer)] = piece + 1
+            self._channels.set_taken(self.rank, lane, peer, piece + 1)
             moved = True
             if message.moved == message.pieces:
                 queue.popleft().finish()
@@ -298,35 +273,3 @@ class SharedMemoryMessages:
                 while queue:
                     message = queue.popleft()
                     message.finish(CommError(f"{message.what}: {reason}"))
-
-    def _slot(self, owner: int, lane: int, dst: int, slot: int) -> tuple:
-        """The header (as int64 numbers) and the bytes of a slot of `owner`'s channel."""
-        key = (owner, lane, dst, slot)
-        if key not in self._slots:
-            n, file = self.world_size, self._files[owner]
-            start = _counter_bytes(n) + ((lane * n + dst) * SLOTS + slot) * (LINE + SLOT)
-            self._slots[key] = (file[start: start + 32].view(torch.int64).numpy(),
-                                file[start + LINE: start + LINE + SLOT].numpy())
-        return self._slots[key]
-
-
-def _sent(n: int, lane: int, dst: int) -> int:
-    """Index (in int64 numbers) of the counter of pieces published to `dst` on `lane`."""
-    return (lane * n + dst) * (LINE // 8)
-
-
-def _taken(n: int, lane: int, src: int) -> int:
-    """Index of the counter of pieces consumed from `src` on `lane`."""
-    return ((LANES + lane) * n + src) * (LINE // 8)
-
-
-def _counter_bytes(n: int) -> int:
-    return 2 * LANES * n * LINE
-
-
-def _dtype_code(tensor: torch.Tensor) -> int:
-    return DTYPES.index(tensor.dtype) if tensor.dtype in DTYPES else -1
-
-
-def _dtype_name(code: int) -> str:
-    return str(DTYPES[code]) if 0 <= code < len(DTYPES) else "another dtype"

@@ -4,11 +4,12 @@ Between processes on one machine the fastest link is memory, not TCP over loopba
 moves bytes between GPUs of a node through its SHM and P2P transports, and DeepSpeed's CPU
 all-reduce goes through shared memory too, because gloo's loopback sockets copy every byte
 twice and wake a thread per message. `SharedMemoryAllReduce` is that path for lib_dist's
-gloo groups; `TorchCommunicator.all_reduce`'s tuner runs it when it is the fastest.
+gloo groups on one x86-64 Linux host; `TorchCommunicator.all_reduce`'s tuner runs it when it
+is the fastest.
 
-Every rank maps one file per rank (`lib_dist.comm.shared_files`): a header holding the
-rank's arrival counter, then two halves of `capacity` bytes each. A tensor is reduced in pieces of at most `capacity` bytes, using the two halves
-in turn. For each piece:
+Every rank maps one file per rank (`files.map_shared_files`): a header holding the rank's
+arrival counter, then two halves of `capacity` bytes each. A tensor is reduced in pieces of at
+most `capacity` bytes, using the two halves in turn. For each piece:
 
 1. every rank copies its piece into its own half and arrives (barrier);
 2. rank r adds up slice r (its `chunk_bounds` chunk) of every rank's half, into its own, and
@@ -16,12 +17,12 @@ in turn. For each piece:
 3. every rank copies slice j from rank j's half: the all-gather.
 
 Each rank writes only its own file and reads the others', so no atomic operation is needed:
-a barrier is every rank's counter reaching a value, polled with `shared_files.pause` in
-between. The third step needs no barrier: the next
-piece writes the other half, and its step 2 barrier proves everyone finished this piece's
-step 3 before that half is written again. Each element is summed once, so every rank ends
-with the same bits. A rank that stops arriving makes the others raise `CommTimeout` naming
-it after `timeout` seconds.
+a barrier is every rank's counter reaching a value, polled with `files.pause` in between.
+The third step needs no barrier: the next piece writes the other half, and its step 2
+barrier proves everyone finished this piece's step 3 before that half is written again.
+Each element is summed once, so every rank ends with the same bits. A rank that stops
+arriving makes the others raise `CommTimeout` naming it after `timeout` seconds. (Why this
+runs on x86-64 Linux only: `files.shared_memory_supported`.)
 """
 
 from __future__ import annotations
@@ -30,16 +31,17 @@ import time
 
 import torch
 
-from .base import chunk_bounds
-from .errors import CommTimeout
-from .shared_files import Gather, map_shared_files, pause
+from ..base import chunk_bounds
+from ..errors import CommTimeout
+from .files import pause
 
 CAPACITY = 8 << 20  # bytes per half: a piece of a larger tensor
 HEADER = 64  # bytes before the halves: the arrival counter, then padding to a cache line
 
 
 class SharedMemoryAllReduce:
-    """One rank's end of a shared-memory all-reduce. Make it with `open` (collective)."""
+    """One rank's end of a shared-memory all-reduce, over the group's mapped `files` (one per
+    rank, of `file_bytes(capacity)` bytes; see `files.map_shared_files`)."""
 
     def __init__(self, rank: int, world_size: int, files: list[torch.Tensor], capacity: int,
                  timeout: float):
@@ -50,15 +52,6 @@ class SharedMemoryAllReduce:
         self._counters = [f[:8].view(torch.int64).numpy() for f in files]
         self._mine = self._counters[rank]
         self._pieces = 0
-
-    @classmethod
-    def open(cls, rank: int, world_size: int, gather: Gather, timeout: float,
-             capacity: int = CAPACITY) -> SharedMemoryAllReduce | None:
-        """Map every rank's buffers; None on every rank if the ranks cannot share memory
-        (see `map_shared_files`, which also says what `gather` is). Collective."""
-        files = map_shared_files(rank, world_size, gather, cls.file_bytes(capacity),
-                                 "allreduce")
-        return None if files is None else cls(rank, world_size, files, capacity, timeout)
 
     @staticmethod
     def file_bytes(capacity: int = CAPACITY) -> int:
