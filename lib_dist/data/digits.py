@@ -1,5 +1,5 @@
 """scikit-learn's handwritten digits: 1797 images of 8x8 pixels, classes 0-9, bundled with
-scikit-learn (nothing is downloaded). The course uses them where the seed articles used MNIST."""
+scikit-learn (nothing is downloaded): the course's first classifier learns them."""
 
 from __future__ import annotations
 
