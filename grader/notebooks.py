@@ -90,7 +90,8 @@ def execute(path: Path, timeout: int = CELL_TIMEOUT) -> float:
     ran = code_hash(nb)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(path.parent)}},
-                            extra_arguments=["--HistoryManager.hist_file=:memory:"])
+                            extra_arguments=["--HistoryManager.hist_file=:memory:",
+                                             "--log-level=ERROR"])
     start = time.monotonic()
     client.execute()
     seconds = time.monotonic() - start
