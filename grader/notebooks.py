@@ -18,6 +18,8 @@ again just before writing: its outputs go into the current file, cell by cell, a
 code cells there are still the ones that ran (otherwise nothing is written and the notebook is
 named as changed while it ran). The notebook's own metadata is kept as it was, apart from the
 record: no kernel or Python version creeps into the solutions, and from there into labs/.
+Widget outputs (tqdm's live progress bars in a kernel with ipywidgets) are not stored: without
+the live kernel they show nothing, or a bar stuck at 0%.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import nbformat
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = "lib_dist_executed"
+WIDGET = "application/vnd.jupyter.widget-view+json"  # live progress bars: nothing once stored
 CELL_TIMEOUT = 900  # seconds; course 03 measures all-reduces of up to 64 MiB on 4 engines
 
 
@@ -106,7 +109,7 @@ def _store(path: Path, executed, ran: str) -> None:
         raise RuntimeError(f"{path} changed while it ran; run it again")
     for mine, done in zip(current.cells, executed.cells):
         if mine.cell_type == "code":
-            mine.outputs = done.outputs
+            mine.outputs = [o for o in done.outputs if WIDGET not in o.get("data", {})]
             mine.execution_count = done.execution_count
     current.metadata[KEY] = {"code_sha256": ran}
     tmp = path.with_name(f".{path.name}.tmp")

@@ -27,7 +27,11 @@ release of PyTorch's CPU allocator during the step, recorded by `torch.profiler`
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,7 +196,8 @@ def measure_peak_memory(model: nn.Module, optimizer: torch.optim.Optimizer, x: t
                       *(v for s in optimizer.state.values() for v in s.values()
                         if isinstance(v, torch.Tensor))]}
     before = sum(held.values())
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU],
+                                            profile_memory=True) as prof:
         step()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "step.json"
@@ -215,6 +220,21 @@ def measure_peak_memory(model: nn.Module, optimizer: torch.optim.Optimizer, x: t
     a, b = phases[phase]
     return PeakMemory(before, peak, phase, (when - a) / (b - a) if b > a else 0.0, timeline,
                       phases)
+
+
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """The profiler's native code writes a line to file descriptor 2 when it starts and stops;
+    send those to /dev/null. Python's exceptions and warnings are unaffected."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def format_budgets(**budgets: MemoryBudget) -> str:
