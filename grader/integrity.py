@@ -50,8 +50,9 @@ def routed(cell: NotebookNode) -> bool:
 
 
 def guarded_source(cell: NotebookNode) -> str:
+    graded = bool(cell.metadata.get("nbgrader", {}).get("grade"))
     return (f"__import__('lib_dist.integrity.guard', fromlist=['run'])"
-            f".run({cell.source!r}, {cell_name(cell)!r})")
+            f".run({cell.source!r}, {cell_name(cell)!r}, {graded})")
 
 
 def cell_name(cell: NotebookNode) -> str:

@@ -70,10 +70,13 @@ class Lab:
         nothing else of the student's code.
     references: lib_dist's own versions of them, as "module:qualname", switched off while
         the lab is graded: a call raises `lib_dist.integrity.AskedToWrite`.
+    oracles: what the tests compare an answer with, as "module:qualname"; an answer that is
+        one of them, or a subclass of one, is not taken while the lab is graded.
     """
 
     asks: tuple[str, ...]
     references: tuple[str, ...] = ()
+    oracles: tuple[str, ...] = ()
 
 
 _COLLECTIVES = ("broadcast", "all_gather", "reduce_scatter", "all_reduce")
@@ -85,7 +88,8 @@ LABS: dict[str, Lab] = {
         ("log_softmax", "CrossEntropy", "cross_entropy", "binary_cross_entropy_with_logits"),
         ("lib_dist.losses:log_softmax", "lib_dist.losses:cross_entropy",
          "lib_dist.losses:binary_cross_entropy_with_logits")),
-    "lab02_training": Lab(("SGD", "AdamW", "accumulated_step")),
+    "lab02_training": Lab(("SGD", "AdamW", "accumulated_step"),
+                          oracles=("torch.optim:SGD", "torch.optim:AdamW", "torch.optim:Adam")),
     "lab03_collectives": Lab(
         ("broadcast", "all_gather", "reduce_scatter", "ring_all_reduce"),
         ("lib_dist.comm.algorithms:ring", "lib_dist.comm.algorithms:gather_broadcast",

@@ -30,6 +30,7 @@ import builtins
 import functools
 import linecache
 import sys
+import threading
 import types
 from typing import Any, Callable
 
@@ -37,9 +38,10 @@ import torch
 
 from ..extend import LABS, Lab
 from .snapshot import Snapshot, classes_of, namespace_changes, trusted_modules
-from .stubs import switch_off_references
+from .stubs import AskedToWrite, switch_off_references, taken_from_oracle
 
 ARMED: Guard | None = None
+_AUDITED = frozenset({"import", "exec", "object.__setattr__"})
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -71,12 +73,14 @@ class Guard:
         Guard.armed.append(self)
 
     # -- running locked cells ------------------------------------------------------------
-    def run(self, source: str, cell: str) -> None:
-        """Run a locked cell's `source` in the locked namespace (see the module docstring)."""
+    def run(self, source: str, cell: str, graded: bool = True) -> None:
+        """Run a locked cell's `source` in the locked namespace (see the module docstring). A
+        cell that is not `graded` (setup, helpers) runs whatever changed."""
         self.cell = cell
         self.findings.setdefault(cell, [])
         self.ran.add(cell)
-        self._raise_if_changed(f"before {cell} ran")
+        if graded:
+            self._raise_if_changed(f"before {cell} ran")
         self.ns.update({name: self._answer(name) for name in self.lab.asks
                         if name in self.user_ns})
         bound = bound_names(source)
@@ -88,7 +92,8 @@ class Guard:
                 self.user_ns[name] = self.ns[name]
             self._note(namespace_changes(self._before, self.ns, self._allowed))
         self._before = dict(self.ns)
-        self._raise_if_changed(f"while {cell} ran")
+        if graded:
+            self._raise_if_changed(f"while {cell} ran")
 
     def report(self, cell: str) -> list[str]:
         """What the grader puts in the cell's feedback: each change seen while it ran."""
@@ -114,6 +119,8 @@ class Guard:
         seen += [c for c in changed if c not in seen]
 
     def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if event not in _AUDITED:  # most events: every id(), open(), socket call...
+            return
         if event == "import" and str(args[0]).startswith("lib_dist"):
             self._note([f"a second import of {args[0]}"])
         elif event == "exec" and getattr(args[0], "co_filename", None) in self.lib_files:
@@ -128,6 +135,10 @@ class Guard:
     # -- the student's answers -------------------------------------------------------------
     def _answer(self, name: str) -> Any:
         value = self.user_ns[name]
+        oracle = taken_from_oracle(self.lab_name, value)
+        if oracle:
+            return _refusing(f"{self.lab_name} asks you to write {name} yourself: yours is "
+                             f"{oracle}, or builds on it, and the tests compare with it")
         if isinstance(value, type):
             return self._checked_class(value, name)
         return _checked(value, name, id(self)) if callable(value) else value
@@ -144,17 +155,31 @@ class Guard:
         return cls
 
 
+_depth = threading.local()  # answers running on this thread, one inside another
 _WRAPPERS: dict[int, Callable[..., Any]] = {}  # id -> wrapper, kept alive
 
 
 def _checked(fn: Callable[..., Any], name: str, guard: int) -> Callable[..., Any]:
-    """`fn`, checked by the guard whose id is `guard` each time it returns (see `Guard`)."""
+    """`fn`, checked by the guard whose id is `guard` each time it returns to code that is not
+    the student's (see `Guard`)."""
     @functools.wraps(fn)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        return _after_answer(guard, name, fn(*args, **kwargs))
+        _depth.value = getattr(_depth, "value", 0) + 1
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _depth.value -= 1
+        return result if _depth.value else _after_answer(guard, name, result)
 
     _WRAPPERS[id(checked)] = checked
     return checked
+
+
+def _refusing(message: str) -> Callable[..., Any]:
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AskedToWrite(message)
+
+    return refused
 
 
 def _after_answer(guard: int, name: str, result: Any) -> Any:
@@ -173,11 +198,11 @@ def arm(lab: str) -> str:
     return object.__repr__(Guard(lab, get_ipython().user_ns))
 
 
-def run(source: str, cell: str) -> None:
+def run(source: str, cell: str, graded: bool = True) -> None:
     """What a routed cell calls: `ARMED.run`."""
     if ARMED is None:
         raise RuntimeError("no guard is armed in this kernel")
-    ARMED.run(source, cell)
+    ARMED.run(source, cell, graded)
 
 
 def bound_names(source: str) -> set[str]:

@@ -24,6 +24,10 @@ KERNEL_MANAGED = frozenset({"builtins.exit", "builtins.quit", "builtins.get_ipyt
                             "builtins.input", "builtins.display", "builtins._", "builtins.__",
                             "builtins.___"})
 
+# torch rebinds a few of its functions when a module is first imported, wrapping them:
+# name -> the module whose import does it. Such a change is accepted, once.
+LAZY_REBINDINGS = {"torch.manual_seed": "torch._dynamo"}
+
 TRUSTED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.nn.modules.module",
                    "torch.testing", "torch.distributed", "torch.autograd", "torch.optim",
                    "torch.utils.data", "numpy", "numpy.testing")
@@ -63,6 +67,20 @@ class Snapshot:
         self.modules = {m.__name__: m for m in modules}
         self.classes = classes
         self.bindings = dict(self._bindings())
+        self._namespaces = [vars(m) for m in modules] + [vars(c) for c in classes]
+        self._fingerprint = self._fingerprints()
+
+    def _fingerprints(self) -> list[list[Any]]:
+        return [list(namespace.values()) for namespace in self._namespaces]
+
+    def _unchanged(self) -> bool:
+        """The quick check, a fraction of a millisecond: every binding is the object it was.
+        By identity (`operator.is_`), not equality, which a value's own __eq__ could fake;
+        and not through `id()`, which an audit hook hears every call of."""
+        return (all(len(namespace) == len(values)
+                    and all(map(operator.is_, namespace.values(), values))
+                    for namespace, values in zip(self._namespaces, self._fingerprint))
+                and all(sys.modules.get(name) is m for name, m in self.modules.items()))
 
     def _bindings(self) -> Iterator[tuple[str, Any]]:
         for name, module in self.modules.items():
@@ -77,13 +95,26 @@ class Snapshot:
     def changes(self) -> list[str]:
         """Every binding added, removed or rebound since the snapshot, and every module that
         was replaced in sys.modules."""
+        if self._unchanged():
+            return []
         now = dict(self._bindings())
+        self._accept_lazy_rebindings(now)
         changed = [name for name, value in self.bindings.items()
                    if now.get(name, _MISSING) is not value]
         changed += [name for name in now if name not in self.bindings]
         changed += [f"sys.modules[{name!r}]" for name, module in self.modules.items()
                     if sys.modules.get(name) is not module]
+        if not changed:  # only submodules imported, or torch's own lazy rebinding
+            self._fingerprint = self._fingerprints()
         return sorted(changed)
+
+
+    def _accept_lazy_rebindings(self, now: dict[str, Any]) -> None:
+        for name, importer in LAZY_REBINDINGS.items():
+            old, new = self.bindings.get(name), now.get(name)
+            if (new is not old and importer in sys.modules
+                    and getattr(new, "__wrapped__", None) is old):
+                self.bindings[name] = new
 
 
 def namespace_changes(before: dict[str, Any], namespace: dict[str, Any],

@@ -40,14 +40,30 @@ def switch_off_references(lab: str) -> list[str]:
 
 def resolve(reference: str) -> types.FunctionType:
     """The function named by "package.module:Qual.name"."""
-    module_name, _, qualname = reference.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
+    obj = lookup(reference)
     if not isinstance(obj, types.FunctionType):
         raise TypeError(f"{reference} is a {type(obj).__name__}; a lab's references are "
                         f"functions or methods")
     return obj
+
+
+def lookup(reference: str) -> Any:
+    """The object named by "package.module:Qual.name"."""
+    module_name, _, qualname = reference.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def taken_from_oracle(lab: str, answer: Any) -> str | None:
+    """The oracle of `lab` that `answer` is, or subclasses, if any, as "module.qualname"."""
+    for oracle in LABS[lab].oracles:
+        cls = lookup(oracle)
+        if answer is cls or (isinstance(answer, type) and isinstance(cls, type)
+                             and issubclass(answer, cls)):
+            return oracle.replace(":", ".")
+    return None
 
 
 def _raising_code(message: str, free_variables: int) -> types.CodeType:
