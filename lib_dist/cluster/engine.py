@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from lib_dist.cluster.outcome import Outcome
 from lib_dist.comm import TorchCommunicator, Trace, join_group
 
 _rank: dict[str, Any] = {}
@@ -53,12 +54,10 @@ def join(rank: int, world_size: int, host: str, port: int, device: str, timeout:
     return comm.backend
 
 
-def call(fn: Callable[..., Any], args: tuple, kwargs: dict, call_id: int = 0,
-         report_after: float | None = None) -> dict[str, Any]:
-    """Run `fn(comm, *args, **kwargs)` on this rank.
-
-    Returns {"result", "events"} (its trace), or {"error", "exception"}: a plain traceback
-    text from `fn` down, and the exception itself where it can be pickled.
+def call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+         call_id: int = 0, report_after: float | None = None) -> Outcome:
+    """Run `fn(comm, *args, **kwargs)` on this rank: its result and trace, or the error (a
+    plain traceback text from `fn` down, and the exception itself where it can be pickled).
 
     If the call is still running after `report_after` seconds, a timer thread leaves word in
     the group's store of what this rank is blocked in, for the client's timeout message
@@ -72,9 +71,9 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, call_id: int = 0,
         timer.daemon = True
         timer.start()
     try:
-        return {"result": fn(comm, *args, **kwargs), "events": comm.trace.events}
+        return Outcome(result=fn(comm, *args, **kwargs), events=comm.trace.events)
     except Exception as e:  # noqa: BLE001 - sent back whole, by rank
-        return {"error": _format(e), "exception": _picklable(e)}
+        return Outcome(error=_format(e), exception=_picklable(e))
     finally:
         if timer is not None:
             timer.cancel()
@@ -82,7 +81,8 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict, call_id: int = 0,
 
 def _format(e: BaseException) -> str:
     """The traceback from the user's function down, without this module's frame."""
-    return "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
+    here = e.__traceback__
+    return "".join(traceback.format_exception(type(e), e, here.tb_next if here else None))
 
 
 def _picklable(e: BaseException) -> BaseException | None:
