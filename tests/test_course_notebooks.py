@@ -1,7 +1,10 @@
 """Every lecture notebook in course/ runs top to bottom without an error, in a fresh kernel.
 
 The notebooks check their own formulas (autograd, finite differences, measured memory), so a
-notebook that runs is a notebook whose claims hold on this machine.
+notebook that runs is a notebook whose claims hold on this machine. The notebooks are stored
+executed (`make notebooks`); tests/test_stored_notebooks.py checks, from the JSON alone, that the
+stored outputs come from their current code. This test runs a copy again, in memory, and so also
+catches a change in lib_dist that breaks a notebook whose own code did not change.
 """
 
 from __future__ import annotations
@@ -25,9 +28,7 @@ def test_there_are_course_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_without_error(path, tmp_path):
-    nb = nbformat.read(path, as_version=4)
-    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
-        f"{path.name} is stored with outputs; clear them (outputs come from each reader's run)")
+    nb = nbformat.read(path, as_version=4)   # run in memory: the stored file is not changed
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(COURSE)}},
                             extra_arguments=["--HistoryManager.hist_file=:memory:"])
