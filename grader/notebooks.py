@@ -63,18 +63,21 @@ def problems(path: Path) -> list[str]:
         found.append("it was never executed by `make notebooks` (no record in its metadata)")
     elif recorded != code_hash(nb):
         found.append("its code changed since it was executed")
-    counts = []
+    counts, not_run = [], []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or not _text(cell.source).strip():
             continue
         if cell.get("execution_count") is None:
-            found.append(f"cell {i + 1} was not run")
+            not_run.append(i + 1)
         else:
             counts.append(cell.execution_count)
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 found.append(f"cell {i + 1} holds an error: {out.get('ename')}: "
                              f"{str(out.get('evalue', ''))[:200]}")
+    if not_run:
+        found.append(f"cell {not_run[0]} was not run" if len(not_run) == 1 else
+                     f"cells {', '.join(map(str, not_run))} were not run")
     if counts != list(range(1, len(counts) + 1)) and counts:
         found.append(f"its cells were not run once each, top to bottom, in one kernel "
                      f"(execution counts {counts})")

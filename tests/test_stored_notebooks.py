@@ -62,7 +62,7 @@ def edit(path: Path, index: int, source: str) -> None:
 def test_executing_stores_outputs_and_staleness_is_caught(tmp_path):
     path = tiny(tmp_path / "tiny.ipynb", "import os\nprint(os.getcwd())", "x = 6 * 7\nx")
     assert problems(path) == ["it was never executed by `make notebooks` (no record in its "
-                              "metadata)", "cell 2 was not run", "cell 3 was not run"]
+                              "metadata)", "cells 2, 3 were not run"]
     execute(path, timeout=60)
     nb = nbformat.read(path, as_version=4)
     assert nb.cells[1].outputs[0].text.strip() == str(tmp_path)  # ran in its own folder
