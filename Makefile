@@ -30,6 +30,7 @@ demo: $(INSTALLED) sandbox-tool
 	$(VPY) -m grader demo
 
 test: $(INSTALLED) sandbox-tool
+	$(VPY) -m mypy
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 # The grader runs each submission in bubblewrap (Debian package `bubblewrap`).

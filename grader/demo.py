@@ -102,7 +102,7 @@ def run(out: Path) -> int:
             print(f"grading {o.submission.student}/{o.submission.lab} failed:\n{o.error}")
             return 1
 
-    print("\nGradebook (" + course.db_url + "):")
+    print(f"\nGradebook ({course.db_url}):")
     print(report.format_table(course))
     csv_path, png_path = report.write(course)
     feedback = [p for lab in labs for p in generate(course, lab, ["carol"])]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import sys
 from pathlib import Path
 
 
@@ -31,4 +30,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -15,6 +15,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from grader.course import Course, put_own_scripts_on_path  # noqa: E402
 
-c = get_config()  # noqa: F821 - provided by traitlets when it loads this file
+c = get_config()  # type: ignore[name-defined]  # noqa: F821 - traitlets provides it
 c.merge(Course().config())
 put_own_scripts_on_path()

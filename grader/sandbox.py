@@ -86,7 +86,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         shutil.copytree(cwd, work)
         kw["env"] = _sandbox_env(kw.get("env") or dict(os.environ))
         # A signal would reach bwrap, not the kernel in its own session: ask by message.
-        self.kernel_spec.interrupt_mode = "message"
+        if self.kernel_spec is not None:
+            self.kernel_spec.interrupt_mode = "message"
         await super()._async_launch_kernel(self._wrap(kernel_cmd, cwd, work), **kw)
 
     def _wrap(self, kernel_cmd: list[str], cwd: Path, work: Path) -> list[str]:

@@ -146,6 +146,7 @@ class SimulatedWorld:
 
     def _match(self, send: _Op, recv: _Op) -> None:
         a, b = send.tensor, recv.tensor
+        assert a is not None and b is not None  # sends and receives always carry one
         if a.shape != b.shape or a.dtype != b.dtype:
             detail = (f"rank {send.rank} sent {_describe(a)} to rank {recv.rank}, but rank "
                       f"{recv.rank} posted a receive buffer of {_describe(b)}")
@@ -158,6 +159,7 @@ class SimulatedWorld:
     def wait(self, op: _Op) -> None:
         deadline = time.monotonic() + self.timeout
         s = op.state
+        assert s is not None  # `post` gave it one
         with self._cond:
             s.waiting[op.rank] = op
             try:

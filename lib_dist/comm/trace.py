@@ -18,6 +18,7 @@ import threading
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 P2P_KINDS = ("send", "recv")
 
@@ -149,7 +150,8 @@ class Trace:
         def ready(e: Event) -> float | None:
             """When e may start in the model, or None while one of its dependencies is unpriced."""
             deps = [end.get((e.rank, d.seq)) for d in by_rank[e.rank] if d.seq < e.after]
-            return None if None in deps else max(deps, default=0.0)
+            priced = [t for t in deps if t is not None]
+            return None if len(priced) < len(deps) else max(priced, default=0.0)
 
         recvs = _receives_by_channel(self.events)
         todo: list[tuple[Event, Event | None]] = []
@@ -165,13 +167,14 @@ class Trace:
         in_free: dict[int, float] = defaultdict(float)
         while todo:
             for i, (e, partner) in enumerate(todo):
-                starts = [ready(e)] + ([ready(partner)] if partner else [])
-                if None not in starts:
+                starts = [ready(x) for x in (e, partner) if x is not None]
+                known = [s for s in starts if s is not None]
+                if len(known) == len(starts):
                     break
             else:  # a cycle can only come from a malformed trace
                 raise ValueError("trace has circular dependencies; was it merged twice?")
             del todo[i]
-            t = max(starts)
+            t = max(known)
             if e.kind == "send":
                 t = max(t, out_free[e.rank], in_free[e.peer]) + model.cost(e.nbytes)
                 out_free[e.rank] = in_free[e.peer] = t
@@ -183,7 +186,7 @@ class Trace:
     def to_chrome_trace(self, path: str | Path | None = None) -> dict:
         """Chrome-trace JSON (open in Perfetto or chrome://tracing): one row per rank."""
         t0 = min((e.start for e in self.events), default=0.0)
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "name": f"{e.kind} {'to' if e.kind == 'send' else 'from'} {e.peer}"
                 if e.kind in P2P_KINDS

@@ -82,7 +82,7 @@ def _zen(source: str) -> str:
     """this.py keeps the Zen of Python in a ROT13-encoded string assigned to `s`."""
     for stmt in ast.parse(source).body:
         if (isinstance(stmt, ast.Assign) and [getattr(t, "id", None) for t in stmt.targets] == ["s"]
-                and isinstance(stmt.value, ast.Constant)):
+                and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)):
             return codecs.decode(stmt.value.value, "rot13").strip()
     return ""
 

@@ -40,6 +40,8 @@ class GPTConfig:
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention where position t attends to positions 0..t only."""
 
+    causal: torch.Tensor  # a buffer: True where position t may attend to position s <= t
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.n_head = config.n_head

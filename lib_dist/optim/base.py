@@ -50,7 +50,8 @@ class Optimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+    def step(self,  # type: ignore[override]  # the closure's loss is a tensor, not a float
+             closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         """Update every parameter that has a gradient; returns closure() if one is given."""
         loss = None
         if closure is not None:

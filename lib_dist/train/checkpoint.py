@@ -30,7 +30,7 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
         "step": step,
         "batches": batches.state_dict() if batches is not None else None,
         "rng": torch.get_rng_state(),
-        "config": asdict(config) if is_dataclass(config) else None,
+        "config": asdict(config) if is_dataclass(config) and not isinstance(config, type) else None,
         "extra": extra,
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -83,7 +83,7 @@ class TunerModel:
     def choose(self, nbytes: int) -> str:
         """The algorithm to run for a tensor of `nbytes` bytes."""
         times = {name: self.predict(name, nbytes) for name in self.fits}
-        best = min(times, key=times.get)
+        best = min(times, key=lambda name: times[name])
         if NATIVE in times and times[best] > self.margin * times[NATIVE]:
             return NATIVE
         return best
