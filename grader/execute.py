@@ -17,6 +17,10 @@ an answer taken from lib_dist, or a test whose oracle the submission changed, sc
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
 
 from jupyter_core.utils import ensure_async, run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -45,6 +49,7 @@ class GradedExecute(Execute):
     _where: str = ""
     _lab: str | None = None
     _guard: str | None = None
+    _log: IO[bytes] | None = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -54,7 +59,15 @@ class GradedExecute(Execute):
     def preprocess(self, nb, resources=None, km=None):
         self._stopped_at, self._stop_reason = None, ""
         self._lab, self._guard = integrity.graded_lab(resources), None
-        return super().preprocess(nb, resources, km)
+        with _kernel_log(resources) as self._log:
+            return super().preprocess(nb, resources, km)
+
+    async def async_start_new_kernel(self, **kwargs):
+        """The kernel's (and its engines') own stderr goes to instructor/logs/, not to the
+        grader's terminal: what a student's code prints reaches the notebook either way."""
+        if self._log is not None:
+            kwargs.setdefault("stderr", self._log)
+        return await super().async_start_new_kernel(**kwargs)
 
     def preprocess_cell(self, cell: NotebookNode, resources, index: int):
         if cell.cell_type != "code":
@@ -88,6 +101,11 @@ class GradedExecute(Execute):
             cell.source = source
         if self.sandbox:
             explain_limits(cell, self.km)
+        if _timed_out(cell):
+            cell.outputs = [o for o in cell.outputs if o.get("output_type") != "error"]
+            cell.outputs.append(error_output(
+                "CellTimeoutError", f"[grader] this cell ran past the {self.timeout} s cell "
+                                    f"timeout and was interrupted"))
         if _timed_out(cell) and not run_sync(self._kernel_recovers)():
             self._stop(cell, index, "CellTimeoutError", "the kernel stopped responding",
                        f"this cell ran for more than {self.timeout} s and the kernel did not "
@@ -155,6 +173,20 @@ def explain_limits(cell: NotebookNode, km) -> None:
                 text=f"[grader] this cell reached the sandbox's {name} "
                      f"({getattr(km, trait)} {unit})\n"))
             return
+
+
+@contextmanager
+def _kernel_log(resources: dict | None) -> Iterator[IO[bytes] | None]:
+    """instructor/logs/<student>-<lab>.log, beside autograded/<student>/<lab>/."""
+    folder = (resources or {}).get("metadata", {}).get("path")
+    meta = (resources or {}).get("nbgrader", {})
+    if not folder or not meta.get("student"):
+        yield None
+        return
+    logs = Path(folder).resolve().parents[1].parent / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / f"{meta['student']}-{meta.get('notebook', 'notebook')}.log", "wb") as log:
+        yield log
 
 
 def _timed_out(cell: NotebookNode) -> bool:

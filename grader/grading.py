@@ -85,6 +85,11 @@ def autograde(course: Course, submissions: list[Submission], progress: bool = Tr
     """Grade each submission in turn; whatever one does, the next starts clean."""
     if course.sandbox and (problem := unavailable()):
         raise GradingError(f"cannot isolate submissions: {problem}")
+    for lab in unreleased(course, sorted({sub.lab for sub in submissions})):
+        if progress:
+            print(f"[grader] {lab} is not in the gradebook yet: releasing it from solutions/ "
+                  f"first (python -m grader release {lab})")
+        release(course, [lab])
     become_subreaper()
     outcomes = []
     bar = tqdm(submissions, desc="autograde", unit="submission", disable=not progress)
@@ -106,6 +111,16 @@ def _grade_one(course: Course, sub: Submission) -> Outcome:
     error = "" if result["success"] else (result.get("error") or result.get("log") or "failed")
     score, max_score = scores(course, sub.lab, sub.student) if result["success"] else (None, None)
     return Outcome(sub, score, max_score, time.monotonic() - start, len(strays), error)
+
+
+def unreleased(course: Course, labs: list[str]) -> list[str]:
+    """The labs nbgrader cannot grade yet: never released into this course's gradebook."""
+    if not labs:
+        return []
+    course.api()  # makes the instructor folder, where a new gradebook goes
+    with Gradebook(course.db_url, course.course_id) as gb:
+        known = {a.name for a in gb.assignments}
+    return [lab for lab in labs if lab not in known]
 
 
 def scores(course: Course, lab: str, student: str) -> tuple[float, float]:

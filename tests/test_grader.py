@@ -158,7 +158,8 @@ def test_failures_are_explained_where_they_happened(graded):
     assert "rank 0: waiting in recv from rank 1" in outputs(course, "deadlock")["q4-test-cluster"]
     assert "rank 2 failed" in outputs(course, "engine_exit")["q1-test"]
     assert "RankFailure: rank 1 failed" in outputs(course, "one_rank_raises")["q2-test-cluster"]
-    assert "CellTimeoutError" in outputs(course, "endless")["q1-solution"]
+    assert ("[grader] this cell ran past the 20 s cell timeout and was interrupted"
+            in outputs(course, "endless")["q1-solution"])
     died = outputs(course, "kernel_exit")
     assert "KernelDied" in died["q3-solution"]
     assert "not run: the kernel died in cell" in died["q5-test-cluster"]
@@ -241,6 +242,24 @@ def test_bad_input_is_named_and_loses_nothing(graded, tmp_path, capsys):
     assert "unknown lab 'lab99'" in capsys.readouterr().err
     assert cli(["--root", str(course.root), "autograde", str(tmp_path / "nowhere")]) == 2
     assert "no folder of submissions" in capsys.readouterr().err
+
+
+def test_kernels_write_their_own_stderr_to_a_log_not_the_terminal(graded):
+    course = graded[0]
+    log = course.work / "logs" / f"endless-{LAB}.log"
+    assert "KeyboardInterrupt" in log.read_text()  # the interrupt that ended its endless loop
+
+
+def test_autograde_before_release_releases_first(tmp_path, capsys):
+    lab = "lab01_cross_entropy"  # no cluster: quick
+    course = Course(tmp_path / "course")
+    shutil.copytree(REPO / "solutions" / lab, course.solutions / lab)
+    blank = nbformat.read(REPO / "labs" / lab / f"{lab}.ipynb", as_version=4)
+    synthetic.save(blank, tmp_path / "incoming", "ada", lab)
+    assert cli(["--root", str(course.root), "autograde", str(tmp_path / "incoming")]) == 0
+    out = capsys.readouterr().out
+    assert f"[grader] {lab} is not in the gradebook yet: releasing it from solutions/ first" in out
+    assert re.search(rf"ada\s+{lab}\s+0/\d+\s", out), out  # graded, not FAILED
 
 
 def test_check_passes_on_the_repository_and_catches_a_stale_release(tmp_path):

@@ -161,18 +161,23 @@ _WRAPPERS: dict[int, Callable[..., Any]] = {}  # id -> wrapper, kept alive
 
 def _checked(fn: Callable[..., Any], name: str, guard: int) -> Callable[..., Any]:
     """`fn`, checked by the guard whose id is `guard` each time it returns to code that is not
-    the student's (see `Guard`)."""
+    the student's (see `Guard`). It names only module-level functions, which cloudpickle sends
+    to engines by reference."""
     @functools.wraps(fn)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        _depth.value = getattr(_depth, "value", 0) + 1
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            _depth.value -= 1
-        return result if _depth.value else _after_answer(guard, name, result)
+        return _answering(guard, name, fn, args, kwargs)
 
     _WRAPPERS[id(checked)] = checked
     return checked
+
+
+def _answering(guard: int, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    _depth.value = getattr(_depth, "value", 0) + 1
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        _depth.value -= 1
+    return result if _depth.value else _after_answer(guard, name, result)
 
 
 def _refusing(message: str) -> Callable[..., Any]:
