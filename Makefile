@@ -41,11 +41,13 @@ sandbox-tool:
 		$$SUDO apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }; }
 
-# Re-execute the course/ and solutions/ notebooks and store their outputs (prints the time).
+# Re-execute the course/ and solutions/ notebooks and store their outputs (prints the time),
+# then release labs/ again: a release carries the solutions' record of execution (not outputs).
 # One notebook or a few: `make notebooks NOTEBOOKS=course/03_collectives.ipynb`.
 NOTEBOOKS ?=
 notebooks: $(INSTALLED)
 	$(VPY) -m grader.notebooks $(NOTEBOOKS)
+	$(VPY) -m grader release
 
 bench: $(INSTALLED)
 	@set -e; for f in $(wildcard benchmarks/*.py); do \

@@ -6,7 +6,9 @@
 `make notebooks` runs the first. Self-study readers see the results on GitHub because the lecture
 notebooks (course/) and the instructor's notebooks (solutions/) are stored executed: each runs in
 a fresh kernel, in its own folder, top to bottom, and its outputs are written back into the file.
-The student release (labs/) stays output-free: nbgrader's release clears outputs.
+The student release (labs/) stays output-free: nbgrader's release clears outputs (it keeps the
+notebook's metadata, so labs/ is released again after the solutions are executed: `make
+notebooks` does both).
 
 A stored notebook is *stale* when its outputs no longer come from its code. Executing records, in
 the notebook's metadata under `lib_dist_executed`, a SHA-256 of its code cells' sources;
