@@ -17,6 +17,7 @@ from .course import Course
 from .errors import GradingError
 from .processes import become_subreaper, descendants, sweep
 from .sandbox import unavailable
+from .tuner_cache import prepare as prepare_tuner_cache
 
 # nbgrader 0.9's gradebook trips SQLAlchemy 2's autoflush warnings on every submission.
 warnings.filterwarnings("ignore", category=SAWarning)
@@ -85,6 +86,8 @@ def autograde(course: Course, submissions: list[Submission], progress: bool = Tr
     """Grade each submission in turn; whatever one does, the next starts clean."""
     if course.sandbox and (problem := unavailable()):
         raise GradingError(f"cannot isolate submissions: {problem}")
+    # the tuner's calibration: measured once here, outside the sandbox, not in every submission
+    prepare_tuner_cache([course.source_notebook(lab) for lab in {s.lab for s in submissions}])
     for lab in unreleased(course, sorted({sub.lab for sub in submissions})):
         if progress:
             print(f"[grader] {lab} is not in the gradebook yet: releasing it from solutions/ "

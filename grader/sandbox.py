@@ -3,9 +3,11 @@ controller, anything a student forks) live in bubblewrap's namespaces.
 
 What a submission can see and do:
 - the installed software, read-only, a private writable copy of its own folder at the path
-  nbgrader runs it from, and the same student's other graded labs, read-only (a later lab may
-  reuse an earlier one's definitions); the course directory (solutions, gradebook, other students'
-  work, feedback) is hidden behind an empty tmpfs, and so are the instructor's home and /tmp;
+  nbgrader runs it from, the same student's other graded labs, read-only (a later lab may
+  reuse an earlier one's definitions), and the machine's calibrations of lib_dist's
+  all-reduce tuner, read-only (`grader.tuner_cache`); the course directory (solutions,
+  gradebook, other students' work, feedback) is hidden behind an empty tmpfs, and so are the
+  instructor's home and /tmp;
 - its own PID namespace: when its kernel ends, however it ends, every process in the
   sandbox ends with it (new sessions, double forks and daemons included);
 - its own network namespace with only a loopback interface, which is all the engines need;
@@ -31,6 +33,8 @@ from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import Int, List, Unicode
+
+from lib_dist.comm.fast.calibration import CACHE_ENV, cache_dir
 
 NOBODY = 65534
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -84,7 +88,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         cwd = Path(kw.get("cwd") or os.getcwd()).resolve()
         work = self.private / "work"
         shutil.copytree(cwd, work)
-        kw["env"] = _sandbox_env(kw.get("env") or dict(os.environ))
+        kw["env"] = _sandbox_env(kw.get("env") or dict(os.environ), _tuner_cache())
         # A signal would reach bwrap, not the kernel in its own session: ask by message.
         if self.kernel_spec is not None:
             self.kernel_spec.interrupt_mode = "message"
@@ -104,6 +108,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         bwrap += ["--bind", str(self.private), str(self.private), "--bind", str(work), str(cwd)]
         for own in _other_labs_of_this_student(cwd):  # a later lab may reuse an earlier one
             bwrap += ["--ro-bind", str(own), str(own)]
+        if (cache := _tuner_cache()) is not None:
+            bwrap += ["--ro-bind", str(cache), str(cache)]
         bwrap += ["--chdir", str(cwd), "--unshare-pid", "--unshare-net", "--unshare-ipc",
                   "--unshare-uts", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
                   "--die-with-parent", "--new-session",
@@ -126,12 +132,21 @@ def _other_labs_of_this_student(cwd: Path) -> list[Path]:
     return sorted(p for p in cwd.parent.iterdir() if p.is_dir() and p != cwd)
 
 
-def _sandbox_env(env: dict[str, str]) -> dict[str, str]:
-    """The kernel's environment, minus the instructor's secrets, with a home of its own."""
+def _sandbox_env(env: dict[str, str], tuner_cache: Path | None = None) -> dict[str, str]:
+    """The kernel's environment, minus the instructor's secrets, with a home of its own,
+    and the tuner's cache where there is one (else its calibrations go to that home)."""
     secret = ("TOKEN", "SECRET", "PASSWORD", "GRADEBOOK", "KEY", "CREDENTIAL")
     keep = {k: v for k, v in env.items() if not any(s in k.upper() for s in secret)}
+    if tuner_cache is not None:
+        keep[CACHE_ENV] = str(tuner_cache)
     return keep | {"HOME": "/tmp/home", "JUPYTER_RUNTIME_DIR": "/tmp/home/runtime",
                    "IPYTHONDIR": "/tmp/home/.ipython", "MPLCONFIGDIR": "/tmp/home/mpl"}
+
+
+def _tuner_cache() -> Path | None:
+    """The machine's calibrations of lib_dist's all-reduce tuner, where they exist."""
+    directory = cache_dir()
+    return directory.resolve() if directory is not None and directory.is_dir() else None
 
 
 def _software_under(masked: list[str]) -> list[str]:

@@ -6,7 +6,10 @@ the rest of the lab still ran; the outputs and the gradebook show what the attac
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
+from pathlib import Path
 
 import nbformat
 import psutil
@@ -73,6 +76,21 @@ finally:
 BIG_FILE = SQUARE + """
 with open("big.bin", "wb") as f:
     f.write(b"x" * (8 << 20))
+"""
+CACHE_WRITER = SQUARE + """
+import os
+from pathlib import Path
+cache = Path(os.environ["LIB_DIST_TUNER_CACHE"])
+written = []
+for path in [*cache.glob("tuner-*.json"), cache / "tuner-planted.json"]:
+    try:
+        path.write_text("{ corrupt")
+        written.append(path.name)
+    except OSError:
+        pass
+tuners = cluster.run(lambda comm: (comm.all_reduce(torch.ones(1)), comm.tuner)[1])
+print("WRITTEN", written, "ALPHA", repr(tuners[0].network.alpha), "SAME",
+      all(t == tuners[0] for t in tuners))
 """
 
 
@@ -158,6 +176,25 @@ def test_a_file_beyond_the_size_limit_fails_with_a_file_size_message(hostile):
     out = q1_output(course, "big_file")
     assert "File too large" in out and "file size limit (4 MiB per file)" in out
     assert total(course, "big_file") == FULL
+
+
+def test_submissions_read_the_tuners_calibration_from_the_cache_and_cannot_change_it(tmp_path):
+    """The grader calibrated once, outside the sandbox (grader.tuner_cache); the submission's
+    engines used that calibration instead of measuring their own, and could not write it.
+    (Default limits: shared-memory files do not fit under the hostile run's 4 MiB file size
+    limit, so its groups use other transports, calibrated for themselves.)"""
+    course = course_with_lab(tmp_path, LAB)
+    folder = tmp_path / "incoming"
+    synthetic.save(synthetic.with_cell(synthetic.solved(course, LAB), "q1-solution",
+                                       CACHE_WRITER), folder, "cache_writer", LAB)
+    assert cli(["--root", str(tmp_path), "autograde", str(folder)]) == 0
+    out = q1_output(course, "cache_writer")
+    assert "WRITTEN [] ALPHA" in out and "SAME True" in out
+    alpha = float(out.split("ALPHA ")[1].split()[0])
+    cache = Path(os.environ["LIB_DIST_TUNER_CACHE"])
+    stored = [json.loads(p.read_text()) for p in cache.glob("tuner-*.json")]
+    assert any(s["key"]["world_size"] == 4 and s["model"]["alpha"] == alpha for s in stored)
+    assert total(course, "cache_writer") == FULL
 
 
 def test_without_bubblewrap_the_grader_refuses_unless_told(tmp_path, monkeypatch, capsys):
