@@ -21,11 +21,13 @@ from pathlib import Path
 
 from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
 from nbgrader.apps import NbGraderAPI
-from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetGrades,
-                                    LimitOutput, SaveAutoGrades)
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput,
+                                    DeduplicateIds, GetGrades, LimitOutput, OverwriteCells,
+                                    OverwriteKernelspec, SaveAutoGrades)
 from traitlets.config import Config
 
 from .execute import GradedExecute, TestStderrIsNotAFailure
+from .integrity import ForgetForeignCells
 from .redact import RedactHiddenTests
 from .sandbox import Limits
 
@@ -103,6 +105,9 @@ class Course:
         c.SandboxedKernelManager.hidden = sorted({str(self.root), str(REPO)})
         for name, value in asdict(self.limits).items():
             setattr(c.SandboxedKernelManager, name, value)
+        c.Autograde.sanitize_preprocessors = [
+            ClearOutput, DeduplicateIds, OverwriteKernelspec, ForgetForeignCells, OverwriteCells,
+            CheckCellMetadata]
         c.Autograde.autograde_preprocessors = [
             GradedExecute, TestStderrIsNotAFailure, ClearMetadataPreprocessor, LimitOutput,
             SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]

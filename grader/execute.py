@@ -50,6 +50,7 @@ class GradedExecute(Execute):
     _lab: str | None = None
     _guard: str | None = None
     _log: IO[bytes] | None = None
+    _locked: set[str] = set()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -59,6 +60,7 @@ class GradedExecute(Execute):
     def preprocess(self, nb, resources=None, km=None):
         self._stopped_at, self._stop_reason = None, ""
         self._lab, self._guard = integrity.graded_lab(resources), None
+        self._locked = integrity.locked_cells(resources) if self._lab else set()
         with _kernel_log(resources) as self._log:
             return super().preprocess(nb, resources, km)
 
@@ -78,7 +80,7 @@ class GradedExecute(Execute):
             return cell, resources
         if self._lab and self._guard is None:
             self._guard = run_sync(integrity.arm)(self.kc, self._lab)
-        guarded = self._guard is not None and integrity.routed(cell)
+        guarded = self._guard is not None and integrity.routed(cell, self._locked)
         source = cell.source
         if guarded:
             cell.source = integrity.guarded_source(cell)

@@ -19,6 +19,8 @@ from typing import Any
 
 from jupyter_core.utils import ensure_async
 from nbformat.notebooknode import NotebookNode
+from nbgrader.api import Gradebook
+from nbgrader.preprocessors import NbGraderPreprocessor
 
 from lib_dist.extend import LABS
 from lib_dist.integrity import GRADED_LAB
@@ -37,10 +39,35 @@ def graded_lab(resources: dict[str, Any]) -> str | None:
     return None
 
 
-def routed(cell: NotebookNode) -> bool:
-    """Locked cells of plain Python run under the guard; answers and cells with magics don't."""
-    meta = cell.metadata.get("nbgrader", {})
-    if cell.cell_type != "code" or not meta or meta.get("solution"):
+def locked_cells(resources: dict[str, Any]) -> set[str]:
+    """The grade ids of the lab's locked code cells, as the gradebook holds them from the
+    release: a cell a student added with the same kind of metadata is not among them."""
+    meta = (resources or {}).get("nbgrader", {})
+    with Gradebook(meta["db_url"]) as gb:
+        notebook = gb.find_notebook(meta["notebook"], meta["assignment"])
+        return {c.name for c in notebook.source_cells if c.locked and c.cell_type == "code"}
+
+
+class ForgetForeignCells(NbGraderPreprocessor):
+    """A cell whose nbgrader metadata names no cell of the release is the student's own: it
+    loses that metadata before nbgrader restores the lab's cells (which would otherwise stop
+    at it), and runs as the student's code, ungraded."""
+
+    def preprocess(self, nb: NotebookNode, resources: dict[str, Any]):
+        meta = resources["nbgrader"]
+        with Gradebook(meta["db_url"]) as gb:
+            notebook = gb.find_notebook(meta["notebook"], meta["assignment"])
+            known = {c.name for c in notebook.source_cells}
+        for cell in nb.cells:
+            if "nbgrader" in cell.metadata and cell_name(cell) not in known:
+                del cell.metadata["nbgrader"]
+        return nb, resources
+
+
+def routed(cell: NotebookNode, locked: set[str]) -> bool:
+    """The lab's locked cells of plain Python run under the guard; the student's don't, nor
+    cells with magics."""
+    if cell.cell_type != "code" or cell_name(cell) not in locked:
         return False
     try:
         ast.parse(cell.source)

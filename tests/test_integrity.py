@@ -115,6 +115,10 @@ LAB03_CHEATS = {
         def traffic(summary, rank):
             return RankTraffic(1, 1, 1, 1)
         """)}, "all"),
+    "does_nothing_in_a_cell_dressed_as_the_labs": (DO_NOTHING | {"+q1-solution": code("""
+        def close(got, want, exact=True):
+            return True
+        """)}, "all"),
     "does_nothing_but_patches_the_trace": (DO_NOTHING | {"q4-solution": code("""
         import lib_dist.comm.trace
         def ring_all_reduce(comm, tensor, op="sum"):
@@ -131,17 +135,20 @@ LAB02_CHEATS = {
 }
 
 
-def grade(tmp_path_factory, lab, cheats):
-    """Grade the solution and each cheat once; (course, {student: cell scores}, outputs)."""
+def grade(tmp_path_factory, lab, cheats, solution=True):
+    """Grade the solution (unless not `solution`) and each cheat once; (course,
+    {student: cell scores})."""
     root = tmp_path_factory.mktemp(lab)
     course = course_with_lab(root, lab)
     solved = synthetic.solved(course, lab)
     folder = root / "incoming"
-    synthetic.save(solved, folder, "solution", lab)
+    if solution:
+        synthetic.save(solved, folder, "solution", lab)
     for student, (cells, _) in cheats.items():
         nb = solved
         for grade_id, source in cells.items():
-            nb = synthetic.with_cell(nb, grade_id, source)
+            nb = (dressed_as_locked(nb, grade_id[1:], source) if grade_id.startswith("+")
+                  else synthetic.with_cell(nb, grade_id, source))
         synthetic.save(nb, folder, student, lab)
     subs, problems = find_submissions(course, folder)
     assert problems == []
@@ -150,6 +157,19 @@ def grade(tmp_path_factory, lab, cheats):
     scores = {o.submission.student: cell_scores(course, lab, o.submission.student)
               for o in outcomes}
     return course, scores
+
+
+def dressed_as_locked(nb, after: str, source: str):
+    """`nb` with a new cell after `after`, whose metadata claims it is one of the lab's own
+    locked cells."""
+    nb = nbformat.from_dict(nb)
+    at = next(i for i, c in enumerate(nb.cells)
+              if c.metadata.get("nbgrader", {}).get("grade_id") == after)
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": False, "grade_id": "helpers-2", "locked": True,
+                                 "schema_version": 3, "solution": False, "task": False}
+    nb.cells.insert(at + 1, cell)
+    return nb
 
 
 def error_text(course, lab, student) -> str:
@@ -170,7 +190,8 @@ def lab03(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lab02(tmp_path_factory):
-    return grade(tmp_path_factory, LAB02, LAB02_CHEATS)
+    # The solution's 300-step GPT run is left to `grader check`: here, the cheat alone.
+    return grade(tmp_path_factory, LAB02, LAB02_CHEATS, solution=False)
 
 
 def check_cheat(graded, lab, cheats, student):
@@ -203,13 +224,18 @@ def test_lab03_cheats_score_zero(lab03, student):
     expected = {"wraps_the_reference_ring": "lib_dist.comm.algorithms.ring is lib_dist's own",
                 "does_nothing_but_patches_comparisons": "torch.Tensor.__eq__",
                 "does_nothing_but_redefines_helpers": "should hold the root's",
+                "does_nothing_in_a_cell_dressed_as_the_labs": "should hold the root's",
                 "does_nothing_but_patches_the_trace": "lib_dist.comm.trace.Trace.summary",
                 }[student]
     assert expected in errors
 
 
 def test_lab02_an_oracle_is_no_answer(lab02):
-    errors = check_cheat(lab02, LAB02, LAB02_CHEATS, "optimizer_is_torchs")
+    course, scores = lab02
+    got = scores["optimizer_is_torchs"]
+    assert got["q1-test-torch"] == got["q1-test-state"] == 0
+    assert got["q3-test-equal"] > 0  # accumulated_step is the solution's, and still counts
+    errors = error_text(course, LAB02, "optimizer_is_torchs")
     assert "lab02_training asks you to write SGD yourself: yours is torch.optim.SGD" in errors
 
 
