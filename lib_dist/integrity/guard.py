@@ -227,7 +227,9 @@ def _exec_cell(source: str, filename: str, namespace: dict[str, Any]) -> None:
     """Run a cell as IPython would: statements, then the value of a final expression shown."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     tree = ast.parse(source)
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    if last is not None:
+        tree.body.pop()
     exec(compile(tree, filename, "exec"), namespace)  # noqa: S102
     if last is not None:
         value = eval(compile(ast.Expression(last.value), filename, "eval"), namespace)  # noqa: S307
