@@ -1,21 +1,27 @@
-"""Autograding throughput: seconds per submission of lab00 (9 graded cells, 4 engines).
+"""Autograding throughput: seconds per lab00 submission (4 engines), and a class's grading time.
 
-Grades N synthetic full-marks submissions through the grader, as `python -m grader autograde`
-does (in the sandbox), then the same N without the sandbox, then the same lab with the engine
-cluster swapped for a SimulatedWorld of 4 threads (same tests, no processes), all in the same
-process. Prints seconds per submission for each, the price of the sandbox and of real engines
-as ratios, whether the time per submission stays flat as the class grows, and the projection
-to 30 students x 3 labs.
+Grades N synthetic full-marks submissions of lab00 through the grader, as `python -m grader
+autograde` does (in the sandbox), then the same N without the sandbox, then the same lab with
+the engine cluster swapped for a SimulatedWorld of 4 threads (same tests, no processes), all in
+the same process. Prints seconds per submission for each, the price of the sandbox and of real
+engines as ratios, and whether the time per submission stays flat as the class grows.
 
-    python benchmarks/grading_throughput.py [--students 6]
+Then grades the solution of every lab in solutions/ once, in the sandbox, and projects a class
+of 30 students x every lab: 30 times the sum of those seconds, plus what is paid once: the
+all-reduce tuner's calibration on a new machine (`grader.tuner_cache`; this benchmark starts
+from an empty cache and times it first) and the grader's own preparation per grading run.
+
+    python benchmarks/grading_throughput.py [--students 6] [--class-size 30]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import nbformat
@@ -23,6 +29,8 @@ import nbformat
 from grader import synthetic
 from grader.course import REPO, Course
 from grader.grading import autograde, find_submissions, release
+from grader.tuner_cache import prepare
+from lib_dist.comm.fast.calibration import CACHE_ENV
 
 LAB = "lab00_ranks"
 THREADS_INSTEAD_OF_ENGINES = '''
@@ -54,47 +62,77 @@ cluster = ThreadCluster(4, timeout=30).start()
 '''
 
 
-def seconds_per_submission(root: Path, students: int, engines: bool = True,
+def seconds_per_submission(root: Path, lab: str, students: int, engines: bool = True,
                            sandbox: bool = True) -> list[float]:
+    """Grade `students` copies of `lab`'s solution in a scratch course; seconds of each."""
     course = Course(root, sandbox=sandbox)
-    shutil.copytree(REPO / "solutions" / LAB, course.solutions / LAB)
+    shutil.copytree(REPO / "solutions" / lab, course.solutions / lab)
     if not engines:
-        source = course.source_notebook(LAB)
+        source = course.source_notebook(lab)
         nb = nbformat.read(source, as_version=4)
         setup = next(c for c in nb.cells if c.metadata["nbgrader"]["grade_id"] == "setup")
         setup.source = THREADS_INSTEAD_OF_ENGINES
         nbformat.write(nb, source)
-    release(course, [LAB])
+    release(course, [lab])
     folder = root / "incoming"
     for i in range(students):
-        synthetic.save(synthetic.solved(course, LAB), folder, f"student{i:02d}", LAB)
+        synthetic.save(synthetic.solved(course, lab), folder, f"student{i:02d}", lab)
     subs, _ = find_submissions(course, folder)
     outcomes = autograde(course, subs, progress=False)
     assert all(o.score == o.max_score for o in outcomes), [o.error for o in outcomes]
     return [o.seconds for o in outcomes]
 
 
+def in_scratch(lab: str, students: int, **options: bool) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return seconds_per_submission(Path(tmp), lab, students, **options)
+
+
+def labs() -> list[str]:
+    return sorted(p.parent.name for p in (REPO / "solutions").glob("*/*.ipynb")
+                  if p.stem == p.parent.name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=6)
+    parser.add_argument("--class-size", type=int, default=30)
     args = parser.parse_args()
-    runs = {}
-    for name, options in (("sandbox", {}), ("no sandbox", {"sandbox": False}),
-                          ("threads", {"engines": False, "sandbox": False})):
-        with tempfile.TemporaryDirectory() as tmp:
-            runs[name] = seconds_per_submission(Path(tmp), args.students, **options)
+    os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="lib_dist-bench-tuner-")  # a new machine
+    start = time.monotonic()
+    prepare([REPO / "solutions" / lab / f"{lab}.ipynb" for lab in labs()])
+    calibration = time.monotonic() - start
+    start = time.monotonic()
+    prepare([REPO / "solutions" / LAB / f"{LAB}.ipynb"])  # what each grading run pays
+    per_run = time.monotonic() - start
+
+    runs = {name: in_scratch(LAB, args.students, **options)
+            for name, options in (("sandbox", {}), ("no sandbox", {"sandbox": False}),
+                                  ("threads", {"engines": False, "sandbox": False}))}
     median = {name: statistics.median(times) for name, times in runs.items()}
     print(f"submissions per run: {args.students}")
-    print(f"4 engines in the sandbox:  {median['sandbox']:5.2f} s per submission (median)")
-    print(f"4 engines, no sandbox:     {median['no sandbox']:5.2f} s")
+    print(f"4 engines in the sandbox:   {median['sandbox']:5.2f} s per submission (median)")
+    print(f"4 engines, no sandbox:      {median['no sandbox']:5.2f} s")
     print(f"threads instead of engines: {median['threads']:5.2f} s (no sandbox)")
-    print(f"sandbox / no sandbox:      {median['sandbox'] / median['no sandbox']:.2f}")
-    print(f"engines / threads:         {median['no sandbox'] / median['threads']:.2f}")
+    print(f"sandbox / no sandbox:       {median['sandbox'] / median['no sandbox']:.2f}")
+    print(f"engines / threads:          {median['no sandbox'] / median['threads']:.2f}")
+    print(f"sandbox / threads:          {median['sandbox'] / median['threads']:.2f}")
     real = runs["sandbox"]
     half = len(real) // 2
     print(f"first half {statistics.mean(real[:half]):.2f} s, second half "
           f"{statistics.mean(real[half:]):.2f} s per submission (flat = linear in students)")
-    print(f"projected 30 students x 3 such labs: {90 * median['sandbox'] / 60:.1f} min")
+
+    per_lab = {lab: in_scratch(lab, 1)[0] for lab in labs()}
+    for lab, seconds in per_lab.items():
+        print(f"{lab:20s} {seconds:6.1f} s per submission (its solution, in the sandbox)")
+    once = calibration + len(per_lab) * per_run
+    total = args.class_size * sum(per_lab.values()) + once
+    print(f"once: tuner calibration {calibration:.1f} s (new machine), {per_run:.1f} s per "
+          f"grading run to check it")
+    print(f"projected {args.class_size} students x {len(per_lab)} labs: {total / 60:.1f} min "
+          f"({args.class_size} x {sum(per_lab.values()):.1f} s + {once:.0f} s once)")
+    shutil.rmtree(os.environ[CACHE_ENV], ignore_errors=True)
+
 
 if __name__ == "__main__":
     main()

@@ -1,1 +1,1 @@
-"""Instructor tooling: nbgrader configuration and the grading CLI (to come)."""
+"""Instructor tooling: nbgrader configuration and the grading CLI (`python -m grader`)."""

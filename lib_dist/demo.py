@@ -1,4 +1,5 @@
-"""`make demo`: four ranks on ipyparallel engines all-reduce a tensor, and show their messages.
+"""`python -m lib_dist.demo`: four ranks on ipyparallel engines all-reduce a tensor, and show
+their messages. (`make demo` runs the grader's demo instead, `python -m grader demo`.)
 
 Starts a 4-rank cluster, checks torch.distributed's all_reduce against the sum computed
 here, runs a ring all-reduce built from point-to-point messages, prints each rank's traffic

@@ -10,7 +10,7 @@ softmax, weighted sum) rather than fused, so every step can be inspected and mea
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -32,9 +32,6 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head "
                              f"({self.n_head})")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class CausalSelfAttention(nn.Module):

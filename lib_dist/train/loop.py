@@ -19,10 +19,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..data.batching import Batch
 from .checkpoint import save_checkpoint
 from .step import LossFn, StepFn, train_step
-
-Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass

@@ -135,9 +135,9 @@ def measure_training_memory(model: nn.Module, optimizer: torch.optim.Optimizer, 
     optimizer.step()
     params = list(model.parameters())
     return MemoryBudget(
-        parameters=sum(_nbytes(p) for p in params),
-        gradients=sum(_nbytes(p.grad) for p in params if p.grad is not None),
-        optimizer_state=sum(_nbytes(v) for s in optimizer.state.values() for v in s.values()
+        parameters=sum(p.nbytes for p in params),
+        gradients=sum(p.grad.nbytes for p in params if p.grad is not None),
+        optimizer_state=sum(v.nbytes for s in optimizer.state.values() for v in s.values()
                             if isinstance(v, torch.Tensor) and v.dim() > 0),
         activations=sum(saved.values()),
     )
@@ -245,7 +245,3 @@ def format_budgets(**budgets: MemoryBudget) -> str:
         lines.append(f"{label:<16}" + "".join(f"{b.rows()[i][1] / 2**20:>9.3f} MiB"
                                               for b in budgets.values()))
     return "\n".join(lines)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
