@@ -78,6 +78,15 @@ LAB01_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
         def log_softmax(logits, dim=-1):
             return importlib.reload(lib_dist.losses).log_softmax(logits, dim)
         """)}, "all"),  # the reloaded module stays changed for every later test
+    "imports_a_fresh_copy_of_the_reference": ({"q1-solution": code("""
+        import importlib
+        import sys
+        saved = sys.modules.pop("lib_dist.losses")
+        fresh = importlib.import_module("lib_dist.losses")  # not switched off: a new module
+        sys.modules["lib_dist.losses"] = saved
+        def log_softmax(logits, dim=-1):
+            return fresh.log_softmax(logits, dim)
+        """)}, "all"),  # the fresh copy could serve any later answer
 }
 
 LAB03 = "lab03_collectives"
@@ -214,7 +223,9 @@ def test_lab01_cheats_score_zero(lab01, student):
                 "patch_that_restores_itself": "when binary_cross_entropy_with_logits returned",
                 "returns_a_tensor_subclass": "log_softmax returned a AlwaysClose, a subclass "
                                              "of torch.Tensor",
-                "reloads_the_reference": "lib_dist.losses"}[student]
+                "reloads_the_reference": "lib_dist.losses",
+                "imports_a_fresh_copy_of_the_reference": "a re-execution of",
+                }[student]
     assert expected in errors
 
 

@@ -17,7 +17,7 @@ locked cell (setup, helpers, tests) through `run`:
 - Throughout, an audit hook (which nothing can remove) notes any re-import or re-execution of
   a lib_dist module (`importlib.reload`, a fresh import after deleting it from sys.modules,
   which would bring back what `stubs` switched off) and any change of a protected function's
-  code.
+  code. Such a copy could be used at any time after, so every later check reports it.
 
 Each finding fails the cell that was running, with a message saying what changed: its points
 are lost, and the grader says so in the feedback (`report`).
@@ -69,6 +69,7 @@ class Guard:
         self.cell = "setup"
         self._before: dict[str, Any] = {}
         self._allowed: set[str] = set()
+        self._heard: list[str] = []  # from the audit hook: reported by every later check
         sys.addaudithook(self._audit)
         Guard.armed.append(self)
 
@@ -103,7 +104,8 @@ class Guard:
 
     # -- checks ----------------------------------------------------------------------------
     def changes(self) -> list[str]:
-        return self.snapshot.changes() + namespace_changes(self._before, self.ns, self._allowed)
+        return (self.snapshot.changes() + list(self._heard)
+                + namespace_changes(self._before, self.ns, self._allowed))
 
     def _raise_if_changed(self, when: str) -> None:
         changed = self.changes()
@@ -121,13 +123,16 @@ class Guard:
     def _audit(self, event: str, args: tuple[Any, ...]) -> None:
         if event not in _AUDITED:  # most events: every id(), open(), socket call...
             return
+        heard = ""
         if event == "import" and str(args[0]).startswith("lib_dist"):
-            self._note([f"a second import of {args[0]}"])
+            heard = f"a second import of {args[0]}"
         elif event == "exec" and getattr(args[0], "co_filename", None) in self.lib_files:
-            self._note([f"a re-execution of {args[0].co_filename}"])
+            heard = f"a re-execution of {args[0].co_filename}"
         elif (event == "object.__setattr__" and args[1] == "__code__"
               and getattr(args[0], "__module__", "") in self._protected_modules()):
-            self._note([f"the code of {args[0].__module__}.{args[0].__qualname__}"])
+            heard = f"the code of {args[0].__module__}.{args[0].__qualname__}"
+        if heard and heard not in self._heard:
+            self._heard.append(heard)
 
     def _protected_modules(self) -> set[str]:
         return set(self.snapshot.modules) | {"__main__"}
