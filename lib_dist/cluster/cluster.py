@@ -20,7 +20,6 @@ of the kernel itself.
 from __future__ import annotations
 
 import atexit
-import datetime
 import logging
 import socket
 import time
@@ -29,13 +28,12 @@ from typing import Any, Callable
 
 import ipyparallel as ipp
 import torch
-import torch.distributed as dist
 
 from ..comm import Trace
 from ..errors import RankFailure, RankTimeout
 from . import engine
 from .forked_engines import ForkedEngineSetLauncher
-from .outcome import breaks_the_group, collect, failed_in_communication
+from .outcome import breaks_the_group, collect, failed_in_communication, whereabouts
 from .placement import assign_devices, check_gpus
 from .reaper import Watchdog, kill_now, running
 from .sending import check_sendable
@@ -165,28 +163,17 @@ class Cluster:
             self.restart()
             raise
         exceptions = got.exceptions()
-        whereabouts = (self._whereabouts(self._calls, got.hung) if got.hung and not got.failed
-                       else {})
+        where = (whereabouts(self._store_address, self._calls, got.hung)
+                 if got.hung and not got.failed else {})
         if got.hung or any(breaks_the_group(e) for e in exceptions.values()):
             self.restart()
         if got.failed:
             raise RankFailure(got.failures(), exceptions, still_running=got.hung, consequences={
                 r for r, e in exceptions.items() if failed_in_communication(e)})
         if got.hung:
-            raise RankTimeout(got.hung, timeout, whereabouts)
+            raise RankTimeout(got.hung, timeout, where)
         self.trace = Trace.merge([Trace(list(o.events)) for o in got.done.values()])
         return [got.done[rank].result for rank in range(self.n)]
-
-    def _whereabouts(self, call_id: int, ranks: list[int]) -> dict[int, str]:
-        """What each hung rank reported it was blocked in, read from the group's store."""
-        host, port = self._store_address
-        try:
-            store = dist.TCPStore(host, port, is_master=False,
-                                  timeout=datetime.timedelta(seconds=2))
-            keys = {r: engine.whereabouts_key(call_id, r) for r in ranks}
-            return {r: store.get(k).decode() for r, k in keys.items() if store.check([k])}
-        except RuntimeError:  # rank 0, which hosts the store, may be gone
-            return {}
 
     def _dead_engines(self, ranks: set[int]) -> list[int]:
         """Ranks whose engine process on this host is gone (faster than the heartbeat)."""

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from lib_dist.cluster.outcome import Outcome
+from lib_dist.cluster.outcome import Outcome, whereabouts_key
 from lib_dist.comm import TorchCommunicator, Trace, join_group
 
 _rank: dict[str, Any] = {}
@@ -91,10 +91,6 @@ def _picklable(e: BaseException) -> BaseException | None:
         return e
     except Exception:  # noqa: BLE001
         return None
-
-
-def whereabouts_key(call_id: int, rank: int) -> str:
-    return f"lib_dist/whereabouts/{call_id}/{rank}"
 
 
 def _report_whereabouts(comm: TorchCommunicator, call_id: int) -> None:

@@ -3,16 +3,20 @@
 `engine.call` returns an `Outcome` on each engine; `Cluster.run` gathers them with `collect`,
 which also notices an engine process that died and, once a rank has failed, gives the others
 only `FAILURE_GRACE` seconds more (those still waiting on it would wait for the full timeout).
+A rank still running near the timeout leaves word in the group's store of what it is blocked
+in, for `whereabouts` to read.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ipyparallel as ipp
+import torch.distributed as dist
 
 from ..comm import Event
 
@@ -77,6 +81,22 @@ def collect(pending: dict[int, Any], timeout: float,
             return Collected(done, failed, [r for r in pending
                                             if r not in done and r not in failed])
         waiting[0].wait(min(0.05, left))
+
+
+def whereabouts_key(call_id: int, rank: int) -> str:
+    return f"lib_dist/whereabouts/{call_id}/{rank}"
+
+
+def whereabouts(store_address: tuple[str, int], call_id: int,
+                ranks: list[int]) -> dict[int, str]:
+    """What each of `ranks` reported it was blocked in, read from the group's store."""
+    host, port = store_address
+    try:
+        store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=2))
+        keys = {r: whereabouts_key(call_id, r) for r in ranks}
+        return {r: store.get(k).decode() for r, k in keys.items() if store.check([k])}
+    except RuntimeError:  # rank 0, which hosts the store, may be gone
+        return {}
 
 
 def breaks_the_group(e: BaseException) -> bool:
