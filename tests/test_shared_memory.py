@@ -14,7 +14,8 @@ import torch
 from lib_dist.cluster import Cluster
 from lib_dist.comm import CommTimeout
 from lib_dist.comm.fast.all_reduce import SharedMemoryAllReduce
-from lib_dist.comm.fast.files import map_shared_files, memory_directory
+from lib_dist.comm.fast import files
+from lib_dist.comm.fast.files import map_shared_files, memory_directory, shared_memory_supported
 from lib_dist.errors import RankFailure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -121,6 +122,24 @@ def test_engines_use_it_and_a_missing_rank_fails_the_run_instead_of_hanging():
         assert "shared memory" in text and "rank(s) 1" in text
         sums = cluster.run(on_engines, None)  # the cluster still works afterwards
         assert all(torch.equal(s, torch.full((1000,), 3.0)) for s in sums)
+
+
+@pytest.mark.parametrize("system, machine, supported", [
+    ("linux", "x86_64", True), ("linux", "AMD64", True), ("linux", "aarch64", False),
+    ("linux", "arm64", False), ("darwin", "arm64", False), ("darwin", "x86_64", False),
+    ("win32", "AMD64", False)])
+def test_shared_memory_only_on_x86_64_linux(monkeypatch, system, machine, supported):
+    """Its ordering between processes rests on x86-64's store order (and /dev/shm is Linux's);
+    Apple-silicon and ARM laptops use gloo's sockets."""
+    monkeypatch.setattr(files.sys, "platform", system)
+    monkeypatch.setattr(files.platform, "machine", lambda: machine)
+    assert shared_memory_supported() is supported
+
+
+def test_where_it_is_not_supported_no_rank_maps_the_files(monkeypatch):
+    monkeypatch.setattr(files, "shared_memory_supported", lambda: False)
+    got = Threads(2).run(lambda rank, gather: map_shared_files(rank, 2, gather, 1024, "test"))
+    assert got == [None, None]
 
 
 def test_no_room_in_shared_memory_means_none_everywhere():
