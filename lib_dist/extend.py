@@ -38,8 +38,9 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
 - lab02_training: `SGD(params, lr, momentum=0.0, weight_decay=0.0)` and
   `AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)`, both
   `lib_dist.optim.Optimizer`s matching `torch.optim.SGD` / `torch.optim.AdamW`;
-  `accumulated_step(model, optimizer, x, y, loss_fn, micro_batches=1) -> float`, a `StepFn`
-  (with `functools.partial` for `micro_batches`).
+  `accumulated_step(model, optimizer, x, y, loss_fn, micro_batches=1, ignore_index=-100)
+  -> float`, a `StepFn` (with `functools.partial` for `micro_batches`) weighting each
+  micro-batch by its share of the targets not equal to `ignore_index`.
 - lab03_collectives, from `comm.send`/`recv`/`isend`/`irecv` only, for any world size, length
   and floating dtype: `broadcast(comm, tensor, root=0) -> Tensor` (in place, returns `tensor`);
   `all_gather(comm, tensor) -> list[Tensor]` (new tensors, by rank);
