@@ -43,8 +43,12 @@ def cache_dir() -> Path | None:
         return None
     if named:
         return Path(named)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "lib_dist"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "lib_dist"
+    try:
+        return Path.home() / ".cache" / "lib_dist"
+    except RuntimeError:  # no home directory to be found
+        return None
 
 
 def machine_key(world_size: int, backend: str, messages: str, candidates: tuple[str, ...],
