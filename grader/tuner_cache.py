@@ -18,7 +18,7 @@ from pathlib import Path
 
 import nbformat
 
-from lib_dist.comm.fast.calibration import cache_dir
+from lib_dist.comm.fast.calibration import cache_dir, calibrated_here
 
 CLUSTER = re.compile(r"\bCluster\(\s*(\d+)")
 SECONDS = 180  # for one calibration run: a cluster's start, a calibration, its stop
@@ -42,7 +42,7 @@ def prepare(notebooks: list[Path]) -> Path | None:
     directory = cache_dir()
     if directory is None:
         return None
-    for n in sorted(cluster_sizes(notebooks)):
+    for n in sorted(n for n in cluster_sizes(notebooks) if not calibrated_here(n)):
         try:
             subprocess.run([sys.executable, "-m", "grader.tuner_cache", str(n)],
                            capture_output=True, timeout=SECONDS)

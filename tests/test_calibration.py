@@ -135,3 +135,17 @@ def test_engines_use_the_cached_calibration_and_replace_a_corrupt_one(cache):
         again = cluster.run(tuner_of)
         assert again[0] == again[1] and again[0].margin != 0.123
         assert json.loads(path.read_text())["model"]["margin"] == again[0].margin
+
+
+def test_the_grader_can_tell_this_machine_calibrated_a_world_size(cache):
+    import socket
+
+    from lib_dist.comm.fast.files import boot_id
+
+    assert not calibration.calibrated_here(2)
+    calibration.save(key(2), model())  # another host's: does not count
+    assert not calibration.calibrated_here(2)
+    here = calibration.machine_key(2, "gloo", "backend", CANDIDATES,
+                                   [(socket.gethostname(), boot_id())] * 2)
+    calibration.save(here, model())
+    assert calibration.calibrated_here(2) and not calibration.calibrated_here(3)

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from ..trace import AlphaBeta
+from .files import boot_id
 from .tuner import CALIBRATION_SIZES, MARGIN, SHAPES, Fit, TunerModel
 
 CACHE_ENV = "LIB_DIST_TUNER_CACHE"
@@ -89,6 +91,22 @@ def save(key: dict[str, Any], model: TunerModel) -> Path | None:
         return path
     except OSError:
         return None
+
+
+def calibrated_here(world_size: int) -> bool:
+    """Whether the cache holds a calibration of `world_size` ranks, all on this host since
+    its last boot (whatever their transport): what a grader checks before measuring."""
+    directory = cache_dir()
+    here = [[socket.gethostname(), boot_id()]] * world_size
+    for path in directory.glob("tuner-*.json") if directory is not None else []:
+        try:
+            key = json.loads(path.read_text())["key"]
+            if (key["hosts"], key["format"]) == (here, FORMAT) and key["torch"] == str(
+                    torch.__version__):
+                return True
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return False
 
 
 def encode(model: TunerModel) -> dict[str, Any]:
