@@ -64,12 +64,13 @@ class GradedExecute(Execute):
         with _kernel_log(resources) as self._log:
             return super().preprocess(nb, resources, km)
 
-    async def async_start_new_kernel(self, **kwargs):
+    def start_new_kernel(self, **kwargs):
         """The kernel's (and its engines') own stderr goes to instructor/logs/, not to the
-        grader's terminal: what a student's code prints reaches the notebook either way."""
+        grader's terminal: what a student's code prints reaches the notebook either way.
+        (nbclient's setup_kernel calls this, the synchronous twin.)"""
         if self._log is not None:
             kwargs.setdefault("stderr", self._log)
-        return await super().async_start_new_kernel(**kwargs)
+        return super().start_new_kernel(**kwargs)
 
     def preprocess_cell(self, cell: NotebookNode, resources, index: int):
         if cell.cell_type != "code":
