@@ -134,9 +134,14 @@ def _other_labs_of_this_student(cwd: Path) -> list[Path]:
 
 def _sandbox_env(env: dict[str, str], tuner_cache: Path | None = None) -> dict[str, str]:
     """The kernel's environment, minus the instructor's secrets, with a home of its own,
-    and the tuner's cache where there is one (else its calibrations go to that home)."""
+    the tuner's cache where there is one (else its calibrations go to that home), and one
+    torch thread per process unless the instructor sets OMP_NUM_THREADS: the kernel and its
+    engines share the machine's cores with each other and with whatever else runs, and
+    threads that spin on cores others need slow everything down (lab02's training took 78 s
+    with torch's default of a thread per core on a loaded 2-core machine, 29 s with one)."""
     secret = ("TOKEN", "SECRET", "PASSWORD", "GRADEBOOK", "KEY", "CREDENTIAL")
     keep = {k: v for k, v in env.items() if not any(s in k.upper() for s in secret)}
+    keep.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it for each rank
     if tuner_cache is not None:
         keep[CACHE_ENV] = str(tuner_cache)
     return keep | {"HOME": "/tmp/home", "JUPYTER_RUNTIME_DIR": "/tmp/home/runtime",

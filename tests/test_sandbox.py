@@ -91,6 +91,7 @@ for path in [*cache.glob("tuner-*.json"), cache / "tuner-planted.json"]:
 tuners = cluster.run(lambda comm: (comm.all_reduce(torch.ones(1)), comm.tuner)[1])
 print("WRITTEN", written, "ALPHA", repr(tuners[0].network.alpha), "SAME",
       all(t == tuners[0] for t in tuners))
+print("THREADS", [torch.get_num_threads(), *cluster.run(lambda comm: torch.get_num_threads())])
 """
 
 
@@ -178,16 +179,24 @@ def test_a_file_beyond_the_size_limit_fails_with_a_file_size_message(hostile):
     assert total(course, "big_file") == FULL
 
 
-def test_submissions_read_the_tuners_calibration_from_the_cache_and_cannot_change_it(tmp_path):
-    """The grader calibrated once, outside the sandbox (grader.tuner_cache); the submission's
-    engines used that calibration instead of measuring their own, and could not write it.
-    (Default limits: shared-memory files do not fit under the hostile run's 4 MiB file size
-    limit, so its groups use other transports, calibrated for themselves.)"""
-    course = course_with_lab(tmp_path, LAB)
-    folder = tmp_path / "incoming"
+@pytest.fixture(scope="module")
+def default_limits(tmp_path_factory):
+    """One submission graded with the default limits (shared-memory files do not fit under
+    the hostile run's 4 MiB file size limit, so its groups use other transports)."""
+    root = tmp_path_factory.mktemp("course")
+    course = course_with_lab(root, LAB)
+    folder = root / "incoming"
     synthetic.save(synthetic.with_cell(synthetic.solved(course, LAB), "q1-solution",
                                        CACHE_WRITER), folder, "cache_writer", LAB)
-    assert cli(["--root", str(tmp_path), "autograde", str(folder)]) == 0
+    assert cli(["--root", str(root), "autograde", str(folder)]) == 0
+    return course
+
+
+def test_submissions_read_the_tuners_calibration_from_the_cache_and_cannot_change_it(
+        default_limits):
+    """The grader calibrated once, outside the sandbox (grader.tuner_cache); the submission's
+    engines used that calibration instead of measuring their own, and could not write it."""
+    course = default_limits
     out = q1_output(course, "cache_writer")
     assert "WRITTEN [] ALPHA" in out and "SAME True" in out
     alpha = float(out.split("ALPHA ")[1].split()[0])
@@ -195,6 +204,11 @@ def test_submissions_read_the_tuners_calibration_from_the_cache_and_cannot_chang
     stored = [json.loads(p.read_text()) for p in cache.glob("tuner-*.json")]
     assert any(s["key"]["world_size"] == 4 and s["model"]["alpha"] == alpha for s in stored)
     assert total(course, "cache_writer") == FULL
+
+
+def test_a_submission_runs_one_torch_thread_per_process(default_limits):
+    """Kernel and engines share two cores: a thread per core in each would fight for them."""
+    assert "THREADS [1, 1, 1, 1, 1]" in q1_output(default_limits, "cache_writer")
 
 
 def test_without_bubblewrap_the_grader_refuses_unless_told(tmp_path, monkeypatch, capsys):
