@@ -61,8 +61,11 @@ class GradedExecute(Execute):
         self._stopped_at, self._stop_reason = None, ""
         self._lab, self._guard = integrity.graded_lab(resources), None
         self._locked = integrity.locked_cells(resources) if self._lab else set()
-        with _kernel_log(resources) as self._log:
-            return super().preprocess(nb, resources, km)
+        try:
+            with _kernel_log(resources) as self._log:
+                return super().preprocess(nb, resources, km)
+        finally:
+            integrity.graded_lab(None)  # nothing the grader starts later inherits it
 
     def start_new_kernel(self, **kwargs):
         """The kernel's (and its engines') own stderr goes to instructor/logs/, not to the

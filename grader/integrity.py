@@ -6,9 +6,10 @@ For a lab declared in `lib_dist.extend.LABS`, `GradedExecute`:
 - arms a guard in the kernel before the first cell runs;
 - sends each locked cell (setup, helpers, tests) as a call that runs it under the guard, and
   keeps the cell's source as it was in the notebook it saves;
-- asks the guard, by the id it had when armed (so that a student's object bound to the same
-  name is not asked instead), what changed while each such cell ran, and fails the cell with
-  a line saying so.
+- asks the guard, found by the address it had when armed (so that a student's object bound to
+  the same name is not asked instead), what changed while each such cell ran, and fails the
+  cell with a line saying so;
+- clears LIB_DIST_GRADED_LAB once the kernel is done, so that nothing else inherits it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from lib_dist.integrity import GRADED_LAB
 ASK_SECONDS = 60
 
 
-def graded_lab(resources: dict[str, Any]) -> str | None:
+def graded_lab(resources: dict[str, Any] | None) -> str | None:
     """The lab this notebook is, if lib_dist declares it; sets or clears LIB_DIST_GRADED_LAB
     for the kernel about to start."""
     lab = (resources or {}).get("nbgrader", {}).get("notebook")
