@@ -60,7 +60,7 @@ class GradedExecute(Execute):
     def preprocess(self, nb, resources=None, km=None):
         self._stopped_at, self._stop_reason = None, ""
         self._lab, self._guard = integrity.graded_lab(resources), None
-        self._locked = integrity.locked_cells(resources) if self._lab else set()
+        self._locked = integrity.released_cells(resources, locked_code_only=True) if self._lab else set()
         try:
             with _kernel_log(resources) as self._log:
                 return super().preprocess(nb, resources, km)

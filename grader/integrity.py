@@ -40,13 +40,14 @@ def graded_lab(resources: dict[str, Any] | None) -> str | None:
     return None
 
 
-def locked_cells(resources: dict[str, Any]) -> set[str]:
-    """The grade ids of the lab's locked code cells, as the gradebook holds them from the
-    release: a cell a student added with the same kind of metadata is not among them."""
-    meta = (resources or {}).get("nbgrader", {})
+def released_cells(resources: dict[str, Any], locked_code_only: bool = False) -> set[str]:
+    """The grade ids of the lab's cells as the gradebook holds them from the release (or of
+    its locked code cells only): a cell a student added with such metadata is not among them."""
+    meta = resources["nbgrader"]
     with Gradebook(meta["db_url"]) as gb:
         notebook = gb.find_notebook(meta["notebook"], meta["assignment"])
-        return {c.name for c in notebook.source_cells if c.locked and c.cell_type == "code"}
+        return {c.name for c in notebook.source_cells
+                if not locked_code_only or (c.locked and c.cell_type == "code")}
 
 
 class ForgetForeignCells(NbGraderPreprocessor):
@@ -55,10 +56,7 @@ class ForgetForeignCells(NbGraderPreprocessor):
     at it), and runs as the student's code, ungraded."""
 
     def preprocess(self, nb: NotebookNode, resources: dict[str, Any]):
-        meta = resources["nbgrader"]
-        with Gradebook(meta["db_url"]) as gb:
-            notebook = gb.find_notebook(meta["notebook"], meta["assignment"])
-            known = {c.name for c in notebook.source_cells}
+        known = released_cells(resources)
         for cell in nb.cells:
             if "nbgrader" in cell.metadata and cell_name(cell) not in known:
                 del cell.metadata["nbgrader"]

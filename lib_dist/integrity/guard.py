@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..extend import LABS, Lab
+from ..extend import LABS
 from .snapshot import Snapshot, classes_of, namespace_changes, trusted_modules
 from .stubs import AskedToWrite, switch_off_references, taken_from_oracle
 
@@ -263,4 +263,4 @@ def _listed(changed: list[str], most: int = 5) -> str:
     return shown + (f" and {len(changed) - most} more" if len(changed) > most else "")
 
 
-__all__ = ["ARMED", "Guard", "Lab", "Tampering", "arm", "bound_names", "run"]
+__all__ = ["ARMED", "Guard", "Tampering", "arm", "bound_names", "run"]
