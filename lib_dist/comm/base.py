@@ -12,7 +12,9 @@ this one among them). A rank owns a `Communicator` with:
 - `barrier()`: returns once every rank has called it;
 - collectives `broadcast`, `all_reduce`, `all_gather`, `reduce_scatter`: correct defaults
   built here from point-to-point messages; a backend may replace them with native ones (the
-  torch backend uses torch.distributed's). Labs replace them with the students' own.
+  torch backend uses torch.distributed's). Labs replace them with the students' own;
+- `all_reduce_async(tensor, op)`: the all-reduce on a thread of the rank's, returning a
+  `Handle` at once, for overlapping communication with computation (`background`).
 
 Messages between a pair of ranks arrive in the order they were sent. Every completed
 operation is recorded in `trace` (see `lib_dist.comm.trace`).
@@ -140,6 +142,19 @@ class Communicator(ABC):
         if op == "avg":
             tensor /= self.world_size
         return tensor
+
+    def all_reduce_async(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> Handle:
+        """Start `all_reduce(tensor, op)` and return its `Handle` at once; `wait()` before
+        reading `tensor`. Started operations run in order on a thread of this rank's; until
+        all are waited for, call nothing else on this communicator (`lib_dist.comm.background`).
+        """
+        from .background import start_after
+
+        _check_op(op, tensor)
+        self._check_tensor(tensor, "all_reduce_async")
+        self._last_async = start_after(getattr(self, "_last_async", None),
+                                       lambda: self.all_reduce(tensor, op), "all_reduce")
+        return self._last_async
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's `tensor` (same shape and dtype everywhere), as a list indexed by rank."""
