@@ -9,11 +9,15 @@ the rest of backward: the main thread keeps computing gradients while earlier bu
 
 Until every started operation has been waited for, the rank calls nothing else on the
 communicator: its messages would interleave with the background ones.
+
+A handle remembers when its operation ran (`started`, `finished`: `time.monotonic()`), so a
+timeline can show communication beside computation (`lib_dist.data_parallel.timeline`).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 from .base import Handle
@@ -26,6 +30,8 @@ class BackgroundHandle(Handle):
     def __init__(self, run: Callable[[], Any], previous: BackgroundHandle | None, what: str):
         self._run, self._previous, self._what = run, previous, what
         self.error: BaseException | None = None
+        self.started: float | None = None  # when the operation itself began, after `previous`
+        self.finished: float | None = None
         self._thread = threading.Thread(target=self._body, daemon=True, name=f"async {what}")
         self._thread.start()
 
@@ -37,10 +43,12 @@ class BackgroundHandle(Handle):
                 self.error = CommError(f"{self._what} not started: an earlier asynchronous "
                                        f"operation failed ({before.error})")
                 return
+        self.started = time.monotonic()
         try:
             self._run()
         except BaseException as e:  # noqa: BLE001 - raised again by wait()
             self.error = e
+        self.finished = time.monotonic()
 
     def wait(self) -> None:
         self._thread.join()
