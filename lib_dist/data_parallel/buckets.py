@@ -34,7 +34,7 @@ transforms the whole flat buffer, flags included, around the all-reduce.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -138,12 +138,16 @@ class Buckets:
     comm: this rank's communicator. op: "avg" (the default) or "sum".
     names: one per parameter of `params`, for the timeline (default "param 0", ...).
     timeline: where to note grad_ready, bucket_start and bucket_done marks, if anywhere.
+    start: how a bucket's all-reduce is started, `start(buffer, op) -> Handle`; by default
+        `comm.all_reduce_async`. `lib_dist.horovod` passes its own, which runs the buckets in
+        order with its other asynchronous operations.
     """
 
     def __init__(self, params: Iterable[torch.Tensor], comm: Communicator, bucket_bytes: int,
                  op: ReduceOp = "avg", *, names: Sequence[str] | None = None,
                  prescale: float = 1.0, postscale: float = 1.0,
-                 compression: Compressor | None = None, timeline: Timeline | None = None):
+                 compression: Compressor | None = None, timeline: Timeline | None = None,
+                 start: Callable[[torch.Tensor, ReduceOp], Handle] | None = None):
         if op not in ("sum", "avg"):
             raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
         given = list(params)
@@ -153,6 +157,7 @@ class Buckets:
         trainable, trainable_names = _trainable_once(given, names)
         self.comm, self.op, self.timeline = comm, op, timeline
         self.prescale, self.postscale, self.compression = prescale, postscale, compression
+        self._start = start or comm.all_reduce_async
         self.buckets = [_make_bucket(k, [trainable[i] for i in group],
                                      [trainable_names[i] for i in group])
                         for k, group in enumerate(plan_buckets(trainable, bucket_bytes))]
@@ -211,7 +216,7 @@ class Buckets:
         bucket.sent, bucket.context = (self.compression.compress(bucket.flat)
                                        if self.compression else (bucket.flat, None))
         self._note("bucket_start", bucket=bucket.index, nbytes=bucket.sent.nbytes)
-        bucket.handle = self.comm.all_reduce_async(bucket.sent, self.op)
+        bucket.handle = self._start(bucket.sent, self.op)
 
     def _wait(self, bucket: Bucket) -> None:
         assert bucket.handle is not None and bucket.sent is not None  # started by finish()
