@@ -1,0 +1,76 @@
+"""Horovod's PyTorch API on lib_dist: `import lib_dist.horovod as hvd` in place of
+`import horovod.torch as hvd`, and a Horovod program runs unchanged on the ranks of a
+`lib_dist.cluster.Cluster`, with no Horovod build.
+
+    python -m lib_dist.run -np 4 train.py      # as `horovodrun -np 4 python train.py`
+
+Horovod (https://horovod.ai) has had no release since 2023 and does not build against
+current torch; its API is still how much training code is written, and a clear picture of
+data parallelism: every rank trains a replica on its shard of the data, and the optimizer
+averages the gradients over the ranks before each step. Here the same API runs over lib_dist's
+communicator (gloo on CPU, NCCL on GPUs, lib_dist's tuned all-reduce), which makes it readable
+end to end:
+
+- `basics`: `init`, `shutdown`, `size`, `rank`, local and cross ranks, what is built;
+- `ops`, `gather`: allreduce, allgather, broadcast (in place `_`, asynchronous `_async` with int
+  handles, `synchronize`, `poll`), `barrier`, `join`; `autograd`: their gradients;
+- `objects`: `broadcast_object`, `allgather_object`, `broadcast_parameters`,
+  `broadcast_optimizer_state`;
+- `optimizer`: `DistributedOptimizer`, its Tensor Fusion (`HOROVOD_FUSION_THRESHOLD`);
+- `compression`: `Compression.none`, `Compression.fp16`;
+- `timeline`: `HOROVOD_TIMELINE=path` writes a Chrome trace;
+- `queue`: the order of asynchronous operations; `wire`: moving bytes and ragged tensors;
+- `unsupported`: what Horovod has and this does not (each raises, naming itself).
+"""
+
+from .basics import (
+    ReduceOp, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
+    init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
+    stop_timeline,
+)
+from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from .objects import (
+    allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
+)
+from .gather import (
+    allgather, allgather_async, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
+    join,
+)
+from .ops import (
+    Adasum, Average, Max, Min, Product, Sum, allreduce, allreduce_, allreduce_async,
+    allreduce_async_, poll, synchronize,
+)
+from .optimizer import DistributedOptimizer
+from .unsupported import (
+    ProcessSet, SyncBatchNorm, add_process_set, alltoall, alltoall_async, global_process_set,
+    grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
+    grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
+    grouped_reducescatter_async, reducescatter, reducescatter_async, remove_process_set,
+    sparse_allreduce_async,
+)
+
+__all__ = [
+    "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "FP16Compressor",
+    "Max", "Min", "NoneCompressor", "ProcessSet", "Product", "ReduceOp", "Sum", "SyncBatchNorm",
+    "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
+    "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
+    "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "ccl_built",
+    "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built",
+    "gloo_enabled", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "grouped_reducescatter", "grouped_reducescatter_async", "init", "is_homogeneous",
+    "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
+    "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
+    "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize",
+]
+
+
+def __getattr__(name: str) -> object:
+    """A Horovod name this module lacks: say so, and where its list of what is supported is."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise AttributeError(f"lib_dist.horovod has no {name!r}: lib_dist.horovod does not support "
+                         f"it (what it has is listed in lib_dist.horovod.__all__)")

@@ -1,0 +1,278 @@
+"""Horovod's process model on lib_dist: `init`, who am I (`rank`, `size`, local and cross
+ranks), `shutdown`, and what this install was built with.
+
+Where the ranks come from: inside an engine of a `lib_dist.cluster.Cluster` (and so under
+`python -m lib_dist.run`), `hvd.init()` takes that engine's communicator, a rank of the
+cluster's torch.distributed group (gloo on CPU, NCCL on GPUs). Anywhere else, as a plain
+`python train.py`, it makes a world of one rank, as Horovod does without `horovodrun`.
+`init(comm=...)` also takes any `lib_dist.comm.Communicator`.
+
+Local ranks count the ranks on the same host (by hostname, gathered at `init`), in rank
+order; cross ranks count the ranks that share a local rank, one per host in the usual layout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import os
+import pickle
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..comm import Communicator, SimulatedWorld
+from . import timeline, wire
+from .queue import Queue
+
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024  # bytes, Horovod's default
+
+
+class ReduceOp(enum.IntEnum):
+    """How `allreduce` combines the ranks' tensors (`hvd.Average`, `hvd.Sum`, ...)."""
+
+    Average = 0
+    Sum = 1
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
+
+
+@dataclass
+class State:
+    """What `init` found out; one per process."""
+
+    comm: Communicator
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    homogeneous: bool
+    queue: Queue
+    fusion_threshold: int
+    timeline: timeline.Timeline | None = None
+    names: int = 0  # operations named so far (`allreduce.noname.<n>`)
+
+    def auto_name(self, kind: str, name: str | None) -> str:
+        if name:
+            return name
+        self.names += 1
+        return f"{kind}.noname.{self.names}"
+
+
+_state: State | None = None
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Start Horovod on this rank (call it once on every rank, before any other hvd function).
+
+    comm: None (the cluster engine's communicator, else a world of one rank), or a
+        `lib_dist.comm.Communicator`. Horovod's MPI communicators are not supported.
+    process_sets: only None (every operation runs on all ranks).
+    Reads `HOROVOD_FUSION_THRESHOLD` (bytes, Tensor Fusion of `DistributedOptimizer`'s
+    gradients; 0 turns it off) and `HOROVOD_TIMELINE` (a path: see `timeline`).
+    """
+    global _state
+    if process_sets not in (None, [], ()):
+        raise NotImplementedError("lib_dist.horovod does not support process sets; every "
+                                  "operation runs on all ranks (init(process_sets=None))")
+    if comm is not None and not isinstance(comm, Communicator):
+        raise NotImplementedError(f"lib_dist.horovod.init takes a lib_dist Communicator, not "
+                                  f"{type(comm).__name__} (MPI communicators are not supported)")
+    comm = comm or _engine_comm() or (_state.comm if _state and _state.comm.world_size == 1
+                                      else SimulatedWorld(1).communicators()[0])
+    if _state is not None and _state.comm is comm:
+        return
+    if _state is not None:
+        _state.queue.drain()
+    hosts = ([socket.gethostname()] if comm.world_size == 1 else
+             [b.decode() for b in wire.all_gather_bytes(comm, socket.gethostname().encode())])
+    local = [r for r, h in enumerate(hosts) if h == hosts[comm.rank]]
+    local_rank = local.index(comm.rank)
+    cross = [r for r in range(len(hosts)) if _local_rank(hosts, r) == local_rank]
+    per_host = [hosts.count(h) for h in dict.fromkeys(hosts)]
+    _state = State(comm, local_rank, len(local), cross.index(comm.rank), len(cross),
+                   homogeneous=len(set(per_host)) == 1, queue=Queue(comm.device),
+                   fusion_threshold=_fusion_threshold())
+    path = os.environ.get("HOROVOD_TIMELINE", "")
+    if path and path.upper() != "DYNAMIC":
+        _state.timeline = timeline.Timeline(path, comm.rank)
+    _register_exit()
+
+
+def shutdown() -> None:
+    """Wait for every started operation, write the timeline (if one is being recorded: a
+    collective, so call it on every rank) and forget the ranks; `init` may be called again."""
+    global _state
+    if _state is None:
+        return
+    try:
+        _state.queue.drain()
+        if _state.timeline is not None:
+            stop_timeline()
+    finally:
+        _state = None
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def state() -> State:
+    """This process's state; a ValueError, as in Horovod, before `init()`."""
+    if _state is None:
+        raise ValueError("lib_dist.horovod is not initialized: call hvd.init() first "
+                         "(import lib_dist.horovod as hvd; hvd.init())")
+    return _state
+
+
+def size() -> int:
+    """The number of ranks."""
+    return state().comm.world_size
+
+
+def rank() -> int:
+    """This rank, 0 .. size() - 1."""
+    return state().comm.rank
+
+
+def local_rank() -> int:
+    """This rank's index among the ranks on its host (which GPU to use)."""
+    return state().local_rank
+
+
+def local_size() -> int:
+    """How many ranks run on this rank's host."""
+    return state().local_size
+
+
+def cross_rank() -> int:
+    """This rank's index among the ranks with its local rank (its host's index, usually)."""
+    return state().cross_rank
+
+
+def cross_size() -> int:
+    """How many ranks share this rank's local rank (the number of hosts, usually)."""
+    return state().cross_size
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of ranks."""
+    return state().homogeneous
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start recording the timeline to `file_path` (on every rank; rank 0 writes it).
+    `mark_cycles` is accepted and ignored: there are no negotiation cycles here."""
+    s = state()
+    s.queue.drain()
+    s.timeline = timeline.Timeline(file_path, s.comm.rank)
+
+
+def stop_timeline() -> None:
+    """Stop recording and write the timeline (collective: call it on every rank)."""
+    s = state()
+    s.queue.drain()
+    if s.timeline is None:
+        return
+    recorded, s.timeline = s.timeline, None
+    events = recorded.events()
+    if s.comm.world_size > 1:
+        parts = wire.all_gather_bytes(s.comm, pickle.dumps(events))
+        events = [e for part in parts for e in pickle.loads(part)]
+    if s.comm.rank == 0:
+        timeline.write(Path(recorded.path), events)
+
+
+# -- what this install has ---------------------------------------------------------------
+
+def gloo_built() -> bool:
+    """Whether torch.distributed here has gloo (lib_dist's CPU backend)."""
+    return dist.is_available() and dist.is_gloo_available()
+
+
+def nccl_built() -> bool:
+    """Whether torch.distributed here has NCCL (lib_dist's GPU backend)."""
+    return dist.is_available() and dist.is_nccl_available()
+
+
+def mpi_built() -> bool:
+    """False: lib_dist.horovod never moves data over MPI (an MPI launcher may still start the
+    ranks: `python -m lib_dist.run --engines mpi`)."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """Whether this run's collectives go over gloo."""
+    return getattr(state().comm, "backend", None) == "gloo"
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    """Whether this torch was built with CUDA."""
+    return torch.backends.cuda.is_built()
+
+
+def rocm_built() -> bool:
+    return torch.version.hip is not None
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+def _engine_comm() -> Communicator | None:
+    """The communicator of the cluster engine this process is, if it is one."""
+    engine = sys.modules.get("lib_dist.cluster.engine")
+    comm = getattr(engine, "_rank", {}).get("comm") if engine is not None else None
+    return comm if isinstance(comm, Communicator) else None
+
+
+def _local_rank(hosts: list[str], rank: int) -> int:
+    return hosts[:rank].count(hosts[rank])
+
+
+def _fusion_threshold() -> int:
+    text = os.environ.get("HOROVOD_FUSION_THRESHOLD", "")
+    if not text:
+        return DEFAULT_FUSION_THRESHOLD
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"HOROVOD_FUSION_THRESHOLD must be a number of bytes (0 turns Tensor "
+                         f"Fusion off), got {text!r}")
+    return value
+
+
+_exit_registered = False
+
+
+def _register_exit() -> None:
+    """Shut down at interpreter exit when alone (writing the timeline of a plain
+    `python train.py`); with several ranks shutting down is collective, which an exit cannot
+    promise, so there the launcher or the program calls `shutdown()`."""
+    global _exit_registered
+    if not _exit_registered:
+        _exit_registered = True
+        atexit.register(lambda: shutdown() if _state and _state.comm.world_size == 1 else None)

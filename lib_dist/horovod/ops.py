@@ -1,0 +1,196 @@
+"""Horovod's reductions: allreduce in its in-place (`_`) and asynchronous (`_async`) forms,
+and `synchronize` / `poll` of the int handles of every asynchronous operation (`gather` has
+allgather, broadcast, barrier and join).
+
+As in Horovod, `allreduce`, `allgather` and `broadcast` return new tensors and leave their
+input alone, the `_` forms write into it, and the `_async` forms return a handle at once:
+`synchronize(handle)` returns the output. Asynchronous operations run in start order on
+background threads (`queue`); a blocking operation first waits for them. The out-of-place
+forms are differentiable, as Horovod's are (`autograd`).
+
+The reductions: `Sum` and `Average` run the communicator's all-reduce (lib_dist's tuned one on
+gloo); `Min`, `Max` and `Product` gather every rank's tensor and reduce locally. Average of an
+integer tensor rounds down. `prescale_factor` multiplies before the reduction and
+`postscale_factor` after it (floating tensors only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..comm import Communicator
+from . import basics
+from .basics import ReduceOp, State
+from .compression import Compressor, NoneCompressor
+from .queue import now
+from .unsupported import check_process_set
+
+Average, Sum, Adasum = ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum
+Min, Max, Product = ReduceOp.Min, ReduceOp.Max, ReduceOp.Product
+
+
+def reduce_op(op: Any, average: bool | None = None) -> ReduceOp:
+    """The op a call asks for: `op`, or Horovod's older `average=True/False`."""
+    if op is not None and average is not None:
+        raise ValueError("allreduce: give op or the older average, not both (op supersedes it)")
+    if op is None:
+        op = Average if average is None or average else Sum
+    try:
+        op = ReduceOp(op)
+    except ValueError:
+        raise ValueError(f"allreduce: unknown op {op!r}; use hvd.Average, hvd.Sum, hvd.Min, "
+                         f"hvd.Max or hvd.Product") from None
+    if op == Adasum:
+        raise NotImplementedError("lib_dist.horovod does not support Adasum (hvd.Adasum); use "
+                                  "hvd.Average or hvd.Sum")
+    return op
+
+
+def reduce_in_place(comm: Communicator, t: torch.Tensor, op: ReduceOp, prescale: float = 1.0,
+                    postscale: float = 1.0) -> None:
+    """Reduce the contiguous `t` over all ranks, in place (what every allreduce runs)."""
+    floating = t.is_floating_point() or t.is_complex()
+    if prescale != 1.0:
+        t.mul_(prescale)
+    if op in (Sum, Average):
+        if comm.world_size > 1:
+            comm.all_reduce(t, "sum")
+        if op == Average and floating:
+            postscale = postscale / comm.world_size
+        elif op == Average:
+            t.copy_(torch.div(t, comm.world_size, rounding_mode="floor"))
+    elif comm.world_size > 1:
+        stacked = torch.stack(comm.all_gather(t))
+        t.copy_(stacked.amin(0) if op == Min else stacked.amax(0) if op == Max
+                else stacked.prod(0))
+    if postscale != 1.0:
+        t.mul_(postscale)
+
+
+def timed(s: State, kind: str, name: str, nbytes: int,
+          run: Callable[[], Any]) -> Callable[[], None]:
+    """`run`, noting in the timeline (if one is recorded) when it was asked for, when it
+    began and when it ended."""
+    queued = now()
+
+    def timed_run() -> None:
+        started = now()
+        run()
+        if s.timeline is not None:
+            s.timeline.record(kind, name, nbytes, queued, started, now())
+
+    return timed_run
+
+
+def start(s: State, kind: str, name: str, nbytes: int, run: Callable[[], Any],
+          finish: Callable[[], Any], blocking: bool) -> Any:
+    """Run `run()` as one operation: now (after everything started before; returns
+    `finish()`) when `blocking`, else in the background (returns an int handle)."""
+    if blocking:
+        s.queue.blocking(timed(s, kind, name, nbytes, run))
+        return finish()
+    return s.queue.submit(timed(s, kind, name, nbytes, run), f"{kind.lower()} {name}", finish)
+
+
+# -- allreduce ---------------------------------------------------------------------------
+
+def _allreduce(tensor: torch.Tensor, out: torch.Tensor | None, average: bool | None,
+               name: str | None, op: Any, prescale_factor: float, postscale_factor: float,
+               process_set: Any, blocking: bool, compression: type[Compressor] = NoneCompressor
+               ) -> Any:
+    """All-reduce `tensor` into `out` (`tensor` itself for the in-place forms; None: a new
+    tensor), compressed on the wire by `compression`."""
+    s = basics.state()
+    check_process_set(process_set, "allreduce")
+    op = reduce_op(op, average)
+    _check_tensor(tensor, "allreduce")
+    if not (tensor.is_floating_point() or tensor.is_complex()) and (
+            prescale_factor != 1.0 or postscale_factor != 1.0):
+        raise ValueError(f"allreduce: prescale_factor and postscale_factor need a floating "
+                         f"tensor, got {tensor.dtype}")
+    name = s.auto_name("allreduce", name)
+    sent, ctx = compression.compress(tensor.detach())
+    work = (sent.contiguous() if out is tensor
+            else sent.clone(memory_format=torch.contiguous_format))
+
+    def finish() -> torch.Tensor:
+        result = compression.decompress(work, ctx)
+        if out is tensor:
+            if result.data_ptr() != tensor.data_ptr():
+                tensor.copy_(result)
+            return tensor
+        return result
+
+    return start(s, "ALLREDUCE", name, work.nbytes,
+                 lambda: reduce_in_place(s.comm, work, op, prescale_factor, postscale_factor),
+                 finish, blocking)
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] = NoneCompressor, op: Any = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: Any = None) -> torch.Tensor:
+    """A new tensor: `tensor` reduced over all ranks by `op` (default `Average`), sent
+    compressed by `compression`. Differentiable: the gradient is all-reduced the same way."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        from .autograd import allreduce_with_grad
+
+        return allreduce_with_grad(tensor, average, name, compression, op, prescale_factor,
+                                   postscale_factor, process_set)
+    result: torch.Tensor = _allreduce(tensor, None, average, name, op, prescale_factor,
+                                      postscale_factor, process_set, True, compression)
+    return result
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: Any = None) -> torch.Tensor:
+    """Reduce `tensor` over all ranks in place; returns it."""
+    result: torch.Tensor = _allreduce(tensor, tensor, average, name, op, prescale_factor,
+                                      postscale_factor, process_set, True)
+    return result
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: Any = None) -> int:
+    """Start `allreduce(tensor)`; `synchronize(handle)` returns the new tensor."""
+    handle: int = _allreduce(tensor, None, average, name, op, prescale_factor, postscale_factor,
+                             process_set, False)
+    return handle
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: Any = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0, process_set: Any = None) -> int:
+    """Start reducing `tensor` in place; `synchronize(handle)` returns it, reduced."""
+    handle: int = _allreduce(tensor, tensor, average, name, op, prescale_factor,
+                             postscale_factor, process_set, False)
+    return handle
+
+
+# -- handles --------------------------------------------------------------
+
+def synchronize(handle: int) -> Any:
+    """Wait for the operation behind `handle`; return its output (a tensor)."""
+    return basics.state().queue.synchronize(handle)
+
+
+def poll(handle: int) -> bool:
+    """Whether the operation behind `handle` has finished: `synchronize` would not wait."""
+    return basics.state().queue.poll(handle)
+
+
+def check_root(root_rank: int, size: int, what: str) -> None:
+    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
+        raise ValueError(f"{what}: root_rank must be a rank, 0..{size - 1}; got {root_rank!r}")
+
+
+def _check_tensor(tensor: Any, what: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what} needs a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_sparse:
+        raise NotImplementedError(f"lib_dist.horovod does not support sparse tensors ({what}); "
+                                  f"call .to_dense() first")

@@ -1,0 +1,84 @@
+"""What Horovod has and lib_dist.horovod does not: each fails with a message naming it.
+
+Process sets (subsets of ranks running their own collectives) exist only as
+`global_process_set`, every rank, which every operation also takes explicitly. The other
+names below are Horovod's operations that have no counterpart here; calling one raises
+`NotImplementedError` naming it, so a Horovod program that needs them stops at the line that
+uses them rather than somewhere later.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NoReturn
+
+from . import basics
+
+
+class GlobalProcessSet:
+    """Every rank: the only process set lib_dist.horovod has."""
+
+    process_set_id = 0
+    ranks = None
+
+    def size(self) -> int:
+        return basics.size()
+
+    def rank(self) -> int:
+        return basics.rank()
+
+    def included(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "ProcessSet(all ranks)"
+
+
+global_process_set = GlobalProcessSet()
+
+
+def check_process_set(process_set: Any, what: str) -> None:
+    """Refuse any process set but the global one."""
+    if process_set is not None and not isinstance(process_set, GlobalProcessSet):
+        raise NotImplementedError(f"lib_dist.horovod does not support process sets: {what} "
+                                  f"runs on all ranks (leave process_set out)")
+
+
+def _unsupported(name: str, hint: str) -> Callable[..., NoReturn]:
+    def refuse(*args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(f"lib_dist.horovod does not support {name}; {hint}")
+
+    refuse.__name__ = refuse.__qualname__ = name
+    refuse.__doc__ = f"Not supported: raises NotImplementedError ({hint})."
+    return refuse
+
+
+_COLLECTIVE_HINT = ("use allgather or allreduce instead, or lib_dist.comm's communicator "
+                    "(lib_dist.cluster.engine._rank['comm'])")
+_GROUPED_HINT = ("call allreduce / allgather once per tensor (DistributedOptimizer fuses "
+                 "gradients by itself, up to HOROVOD_FUSION_THRESHOLD bytes)")
+
+alltoall = _unsupported("alltoall", _COLLECTIVE_HINT)
+alltoall_async = _unsupported("alltoall_async", _COLLECTIVE_HINT)
+reducescatter = _unsupported("reducescatter", _COLLECTIVE_HINT)
+reducescatter_async = _unsupported("reducescatter_async", _COLLECTIVE_HINT)
+grouped_allreduce = _unsupported("grouped_allreduce", _GROUPED_HINT)
+grouped_allreduce_ = _unsupported("grouped_allreduce_", _GROUPED_HINT)
+grouped_allreduce_async = _unsupported("grouped_allreduce_async", _GROUPED_HINT)
+grouped_allreduce_async_ = _unsupported("grouped_allreduce_async_", _GROUPED_HINT)
+grouped_allgather = _unsupported("grouped_allgather", _GROUPED_HINT)
+grouped_allgather_async = _unsupported("grouped_allgather_async", _GROUPED_HINT)
+grouped_reducescatter = _unsupported("grouped_reducescatter", _GROUPED_HINT)
+grouped_reducescatter_async = _unsupported("grouped_reducescatter_async", _GROUPED_HINT)
+sparse_allreduce_async = _unsupported(
+    "sparse_allreduce_async", "densify the gradient (DistributedOptimizer(sparse_as_dense=True))")
+ProcessSet = _unsupported("ProcessSet", "every operation runs on all ranks")
+add_process_set = _unsupported("add_process_set", "every operation runs on all ranks")
+remove_process_set = _unsupported("remove_process_set", "every operation runs on all ranks")
+SyncBatchNorm = _unsupported("SyncBatchNorm", "use torch.nn.SyncBatchNorm with a "
+                             "torch.distributed group, or plain BatchNorm per rank")
+
+NAMES = ["alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+         "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+         "grouped_allreduce_async_", "grouped_allgather", "grouped_allgather_async",
+         "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
+         "ProcessSet", "add_process_set", "remove_process_set", "SyncBatchNorm"]
