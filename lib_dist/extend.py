@@ -49,6 +49,18 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   place, returns `tensor`; 2(N-1) messages of one chunk per rank). Their signatures are the
   `Communicator` collectives' with `comm` first; `benchmarks/allreduce.py` times the
   instructor's `ring_all_reduce`.
+- lab04_data_parallel (not in `LABS` yet), on `comm`'s `all_reduce`, `all_reduce_async` and
+  `broadcast`: `average_gradients(comm, model) -> None`, one `all_reduce(p.grad, "avg")` per
+  parameter with a gradient; `ShardSampler(dataset_size, num_replicas, rank, *, shuffle=True,
+  seed=0, drop_last=False)` with `set_epoch(epoch)`, `__iter__` and `__len__`, the indices of
+  `torch.utils.data.DistributedSampler`; `DataParallel(module, comm, *, bucket_bytes=25 MiB,
+  broadcast_from=0)`, an `nn.Module` after whose `loss.backward()` every `p.grad` is the
+  average over the ranks (parameters broadcast when wrapping; post-accumulate-grad hooks start
+  one `all_reduce_async` per full bucket; a callback queued for the end of backward waits for
+  them), with `no_sync()` for accumulation, frozen, tied and unused parameters handled as one
+  process would, and `timeline`, the marks of each step that overlap is checked from.
+  lib_dist's versions are in `lib_dist.data_parallel` (its `Buckets` also serve
+  `lib_dist.horovod`).
 
 Reusing definitions
 -------------------
