@@ -35,8 +35,8 @@ def train_both_ways(comm, opt_name, data):
     theirs = DistributedDataParallel(reference, find_unused_parameters=True,
                                      bucket_cap_mb=BUCKET_BYTES / 2**20)
     dpm.train(theirs, dpm.optimizer(opt_name, theirs), mine)
-    return (dpm.params(model), dpm.grads(model), dpm.params(reference), list(ours.timeline.finished),
-            len(ours.buckets.layout()))
+    return (dpm.params(model), dpm.grads(model), dpm.params(reference),
+            list(ours.timeline.finished), len(ours.buckets.layout()))
 
 
 @pytest.fixture(scope="module")

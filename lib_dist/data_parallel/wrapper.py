@@ -23,6 +23,10 @@ module-02 training loop, gradient clipping, all see ordinary, already averaged g
 - `timeline`: what each step did and when (`lib_dist.data_parallel.timeline`), e.g.
   `model.timeline.last.started_during_backward()`, the buckets overlapped with backward.
 
+Limits, each simpler than DDP's way round it: buckets start in order, so a parameter unused
+on this rank holds its bucket, and the ones after it, until backward ends (DDP's
+`find_unused_parameters` walks the autograd graph after forward to mark them ready early).
+Buffers are broadcast once, when wrapping (DDP's `broadcast_buffers` repeats it every forward).
 Every rank's backward must reach at least one parameter, or that rank never joins the
 all-reduces the others start. Parameters unfrozen after wrapping are not synchronized: wrap
 again.
@@ -85,9 +89,12 @@ class DataParallel(nn.Module):
         self._hook_every_trainable_parameter(params)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():  # evaluation: no backward will follow, nothing to note
+            return self.module(*args, **kwargs)
         if self.buckets.in_progress:
             raise RuntimeError("an earlier backward failed while its gradients were being "
                                "averaged: this rank may be out of step with the others")
+        self._end_of_backward_queued = False  # in case an earlier backward failed early
         self.timeline.note("forward_start")
         out = self.module(*args, **kwargs)
         self.timeline.note("forward_end")
