@@ -10,6 +10,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -40,12 +41,16 @@ def train_both_ways(comm, opt_name, data):
 
 
 @pytest.fixture(scope="module")
-def trained():
+def cluster():
+    with Cluster(WORLD, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def trained(cluster):
     data = dpm.batches(STEPS, WORLD, PER_RANK, seed=11, trigger_rank=WORLD - 1)
-    with Cluster(WORLD, timeout=60) as cluster:
-        results = cluster.run(train_both_ways, "adamw", data)
-        trace = cluster.trace
-    return data, results, trace
+    results = cluster.run(train_both_ways, "adamw", data)
+    return data, results, cluster.trace
 
 
 def test_every_rank_equals_one_process_and_torchs_ddp(trained):
@@ -82,3 +87,27 @@ def test_the_trace_exports_a_timeline_per_rank(trained):
     assert [s.name for s in spans][:2] == ["forward", "backward"]
     assert any(s.kind == "communication" for s in spans)
     assert all(s.end >= s.start for s in spans)
+
+
+GPT_CONFIG = dict(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)
+
+
+def wrap_gpt(comm):
+    from lib_dist.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(comm.rank)
+    model = DataParallel(GPT(GPTConfig(**GPT_CONFIG)), comm)
+    tensors = list(model.parameters()) + list(model.buffers())  # the buffer is a bool mask
+    return [t.detach().clone() for t in tensors]
+
+
+def test_a_gpt_seeded_differently_per_rank_starts_from_rank_0s_parameters(cluster):
+    from lib_dist.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    rank_0s = GPT(GPTConfig(**GPT_CONFIG))
+    want = list(rank_0s.parameters()) + list(rank_0s.buffers())
+    assert want[-1].dtype == torch.bool  # the causal mask
+    for tensors in cluster.run(wrap_gpt):
+        assert len(tensors) == len(want)
+        assert all(torch.equal(a, b) for a, b in zip(tensors, want))

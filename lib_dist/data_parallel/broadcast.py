@@ -34,8 +34,6 @@ def broadcast_tensors(comm: Communicator, tensors: Iterable[torch.Tensor], root:
     in the given order (every rank must give the same tensors in the same order)."""
     for t in tensors:
         sent = t.detach()
-        if sent.dtype == torch.bool:  # not every backend sends booleans: send their bytes
-            sent = sent.view(torch.uint8)
         if sent.is_contiguous():
             comm.broadcast(sent, root)
         else:
