@@ -114,3 +114,22 @@ def test_misuse_is_named():
         Buckets([a], comm, 8, names=["a", "b"])
     with pytest.raises(ValueError, match="bucket_bytes must be > 0"):
         Buckets([a], comm, 0)
+
+
+def started_my_way(comm):
+    params, calls = leaves(), []
+
+    def start(tensor, op):
+        calls.append((tensor.numel(), op))
+        return comm.all_reduce_async(tensor, op)
+
+    buckets = Buckets(params, comm, 24, "sum", start=start)
+    set_grads(comm.rank, params)
+    buckets.finish()  # no gradient marked ready: every bucket starts here, in order
+    return calls, params[0].grad
+
+
+def test_a_start_function_replaces_all_reduce_async():
+    for calls, a in SimulatedWorld(WORLD).run(started_my_way):
+        assert calls == [(2 + 3 + 2, "sum"), (5 + 1, "sum")]
+        torch.testing.assert_close(a, torch.full((5,), 6.0))
