@@ -85,18 +85,21 @@ class Lab:
         the lab is graded: a call raises `lib_dist.integrity.AskedToWrite`.
     oracles: what the tests compare an answer with, as "module:qualname"; an answer that is
         one of them, or a subclass of one, is not taken while the lab is graded.
+    engines: whether the notebook starts a `lib_dist.cluster.Cluster` of local engines; the
+        grader then starts their host with the kernel (`lib_dist.cluster.standby`).
     """
 
     asks: tuple[str, ...]
     references: tuple[str, ...] = ()
     oracles: tuple[str, ...] = ()
+    engines: bool = False
 
 
 _COLLECTIVES = ("broadcast", "all_gather", "reduce_scatter", "all_reduce")
 
 LABS: dict[str, Lab] = {
     "lab00_ranks": Lab(("square_of_rank", "sum_over_ranks", "shift_right", "swap_with_partner",
-                        "mean_over_ranks")),
+                        "mean_over_ranks"), engines=True),
     "lab01_cross_entropy": Lab(
         ("log_softmax", "CrossEntropy", "cross_entropy", "binary_cross_entropy_with_logits"),
         ("lib_dist.losses:log_softmax", "lib_dist.losses:cross_entropy",
@@ -107,7 +110,7 @@ LABS: dict[str, Lab] = {
         ("broadcast", "all_gather", "reduce_scatter", "ring_all_reduce"),
         ("lib_dist.comm.algorithms:ring", "lib_dist.comm.algorithms:gather_broadcast",
          *(f"lib_dist.comm:{cls}.{op}" for cls in ("Communicator", "TorchCommunicator")
-           for op in _COLLECTIVES))),
+           for op in _COLLECTIVES)), engines=True),
 }
 
 __all__ = ["FALLBACK", "LABS", "Definitions", "Lab", "MissingDefinition", "definitions"]

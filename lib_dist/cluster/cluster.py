@@ -32,7 +32,7 @@ import torch
 from ..comm import Trace
 from ..errors import RankFailure, RankTimeout
 from . import engine
-from .forked_engines import ForkedEngineSetLauncher
+from .launchers import ForkedEngineSetLauncher, StandbyControllerLauncher
 from .outcome import breaks_the_group, collect, failed_in_communication, whereabouts
 from .placement import assign_devices, check_gpus
 from .reaper import Watchdog, kill_now, running
@@ -70,6 +70,7 @@ class Cluster:
                        "this machine")
         if local:  # engines read the controller's file themselves: start them at once
             options.setdefault("send_engines_connection_env", False)
+            options.setdefault("controller", StandbyControllerLauncher)
         self.n, self.device, self.timeout = n, device, timeout
         self.trace = Trace()
         self.ranks: list[dict[str, Any]] = []  # by rank: engine id, host, pid, device

@@ -3,9 +3,10 @@
 Each ipyparallel engine is a Python process that must import torch before it can join a
 group: about a CPU-second each, which on a 2-core laptop made 4 engines take over 5 s to be
 ready. Here one process imports torch, lib_dist and the engine machinery once, then forks
-the N engines, which share those pages copy-on-write. It plugs into ipyparallel as an engine
-launcher (the same extension point as its MPI launcher: one process, N engines), so the
-controller, the client and `%%px` see ordinary engines. Other launchers are untouched.
+the N engines, which share those pages copy-on-write. `launchers.ForkedEngineSetLauncher`
+starts this host, or hands the engines to one started in standby with the kernel (`standby`).
+
+    python -c "from lib_dist.cluster.forked_engines import main; main()" N ENGINE_ARGS...
 """
 
 from __future__ import annotations
@@ -14,26 +15,14 @@ import os
 import signal
 import sys
 
-from ipyparallel.cluster.launcher import EngineLauncher, LocalProcessLauncher
 
-
-class ForkedEngineSetLauncher(LocalProcessLauncher, EngineLauncher):
-    """ipyparallel engine-set launcher: `python -m lib_dist.cluster.forked_engines N ARGS`."""
-
-    def find_args(self) -> list[str]:
-        return ([sys.executable, "-m", "lib_dist.cluster.forked_engines", str(self.n)]
-                + self.cluster_args + self.engine_args)
-
-    def start(self, n: int):
-        self.n = n
-        return super().start()
-
-
-def main() -> None:
-    n, engine_argv = int(sys.argv[1]), sys.argv[2:]
+def fork_engines(argv: list[str]) -> None:
+    """Fork N engines from this process (argv: N ENGINE_ARGS...), pass them SIGTERM and SIGINT, and exit with the
+    worst of their exit codes once they have all ended."""
     import lib_dist.cluster.engine  # noqa: F401 - torch, torch.distributed, lib_dist.comm
     from ipyparallel.engine.app import launch_new_instance
 
+    n, engine_argv = int(argv[0]), argv[1:]
     children = []
     for _ in range(n):
         pid = os.fork()
@@ -63,6 +52,10 @@ def main() -> None:
         _, status = os.waitpid(child, 0)
         worst = max(worst, abs(os.waitstatus_to_exitcode(status)))
     sys.exit(worst)
+
+
+def main() -> None:
+    fork_engines(sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,136 @@
+"""Processes started ahead of time, so that their imports overlap the kernel's own.
+
+An optimisation of the grader's start-up, not course material. A cluster needs a controller
+(a process that imports ipyparallel) and engines forked from one host that has imported torch
+(`forked_engines`); started when the notebook asks for a cluster, those imports (well over a
+CPU-second) come after the kernel's. Run a kernel as
+
+    python path/to/lib_dist/cluster/standby.py -- KERNEL_CMD ...
+
+and an engine host and a controller host start at once, in standby, importing while the
+kernel starts; the wrapper then becomes the kernel, with `LIB_DIST_STANDBY` naming each
+standby's pid and the pipe it listens on. The first local cluster the kernel starts claims
+them (`claim`, from `launchers`): a standby receives the command line, output file, directory
+and environment the launcher would have given a new process, and carries on as that process.
+Unclaimed, a standby dies with the kernel (parent-death signal) or when its pipe closes.
+
+This file is run by path and imports only the standard library: importing `lib_dist` (in a
+graded kernel, torch with it) would delay the kernel it is there to speed up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ENV = "LIB_DIST_STANDBY"
+ENGINE_HOST = "from lib_dist.cluster.forked_engines import main; main()"
+KINDS = ("engines", "controller")
+
+
+def claim(kind: str, argv: list[str], output: str, cwd: str, env: dict[str, str]) -> int | None:
+    """Hand this kernel's standby `kind` ("engines" or "controller") its command line; its
+    pid, or None when there is none (claimed before, never started, or dead)."""
+    standbys = dict(item.split("=") for item in os.environ.get(ENV, "").split(",") if item)
+    found = standbys.pop(kind, "")
+    os.environ[ENV] = ",".join(f"{k}={v}" for k, v in standbys.items())
+    if not found:
+        return None
+    pid, fd = (int(part) for part in found.split(":"))
+    request = json.dumps({"argv": argv, "output": output, "cwd": cwd, "env": env}).encode()
+    try:
+        os.write(fd, request)  # a few KB: within the pipe's buffer, so this does not block
+        os.close(fd)
+        os.kill(pid, 0)
+    except OSError:
+        return None
+    return pid
+
+
+def wait_for_claim(fd: int) -> dict | None:
+    """In a standby: the request `claim` sent, or None once the pipe closed without one."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    if not chunks:
+        return None
+    request = json.loads(b"".join(chunks))
+    become_claimed(request)
+    return request
+
+
+def become_claimed(request: dict) -> None:
+    """Take the directory, environment and output file a launched process would have had,
+    in a session of its own."""
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.setsid()
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the process that started it (the kernel) ends."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the pipe closing still ends it
+        pass
+
+
+def standby(kind: str, fd: int, kernel: int) -> None:
+    """Be the standby `kind`: import what it needs, wait for a claim, then run as claimed."""
+    die_with_parent()
+    if os.getppid() != kernel:
+        return  # the kernel ended before we could ask to die with it
+    if kind == "engines":
+        import ipyparallel.engine.app  # noqa: F401 - what an engine host imports first
+        import lib_dist.cluster.engine  # noqa: F401 - torch, torch.distributed, lib_dist.comm
+        from lib_dist.cluster.forked_engines import fork_engines as run
+    else:
+        from ipyparallel.controller.app import main
+
+        def run(argv: list[str]) -> None:
+            sys.argv = ["ipcontroller", *argv]
+            main()
+    request = wait_for_claim(fd)
+    if request is not None:
+        run(request["argv"])
+
+
+def start(kind: str, command: list[str]) -> str:
+    """Start one standby; its entry for `LIB_DIST_STANDBY`."""
+    read, write = os.pipe()
+    host = subprocess.Popen([*command, str(read), str(os.getpid())], pass_fds=(read,),
+                            stdin=subprocess.DEVNULL)
+    os.close(read)
+    os.set_inheritable(write, True)
+    return f"{kind}={host.pid}:{write}"
+
+
+def main() -> None:
+    if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # run by path: this folder's modules must not shadow top-level ones
+    if sys.argv[1:2] == ["--standby"]:  # --standby KIND FD KERNEL_PID
+        standby(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
+    command = sys.argv[1:]
+    command = command[1:] if command[:1] == ["--"] else command
+    if not command:
+        sys.exit(f"usage: python {__file__} -- KERNEL_CMD ...")
+    os.environ[ENV] = ",".join(
+        start(kind, [sys.executable, __file__, "--standby", kind]) for kind in KINDS)
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main()

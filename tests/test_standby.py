@@ -1,0 +1,76 @@
+"""The engine host and controller started in standby with a kernel (lib_dist.cluster.standby):
+the kernel's first cluster takes them over, a later one starts its own, and standbys nobody
+claimed end with the kernel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from lib_dist.cluster import standby
+
+KERNEL = '''
+import json, os
+from lib_dist.cluster import Cluster
+waiting = dict(item.split("=") for item in os.environ["LIB_DIST_STANDBY"].split(","))
+pids = {kind: int(entry.split(":")[0]) for kind, entry in waiting.items()}
+with Cluster(2, timeout=30) as first:
+    ranks = first.run(lambda comm: comm.rank)
+    engine_host = [l.pid for l in first._ipp.engines.values()]
+    controller = first._ipp.controller.pid
+    parents = [__import__("psutil").Process(r["pid"]).ppid() for r in first.ranks]
+with Cluster(2, timeout=30) as second:
+    again = second.run(lambda comm: comm.rank)
+    second_host = [l.pid for l in second._ipp.engines.values()]
+print(json.dumps(dict(pids=pids, ranks=ranks, again=again, engine_host=engine_host,
+                      controller=controller, parents=parents, second_host=second_host,
+                      left=os.environ.get("LIB_DIST_STANDBY"))))
+'''
+
+
+def run_kernel(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, standby.__file__, "--", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_first_cluster_takes_over_the_standbys_and_a_second_starts_its_own() -> None:
+    done = run_kernel(KERNEL)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["ranks"] == [0, 1] and got["again"] == [0, 1]
+    assert got["engine_host"] == [got["pids"]["engines"]]
+    assert got["controller"] == got["pids"]["controller"]
+    assert set(got["parents"]) == {got["pids"]["engines"]}  # engines forked from the standby
+    assert got["second_host"] != got["engine_host"]
+    assert got["left"] == ""  # both claimed: nothing for a later cluster to claim
+
+
+def test_unclaimed_standbys_end_with_the_kernel() -> None:
+    code = ("import os, time; print(os.environ['LIB_DIST_STANDBY'], flush=True); "
+            "time.sleep(float(os.environ.get('NAP', '0')))")
+    for nap in ("0", "4"):  # before and after the standbys have imported what they need
+        done = subprocess.run([sys.executable, standby.__file__, "--", sys.executable, "-c",
+                               code], capture_output=True, text=True, timeout=60,
+                              env={**__import__("os").environ, "NAP": nap})
+        entries = dict(item.split("=") for item in done.stdout.strip().split(","))
+        pids = [int(entry.split(":")[0]) for entry in entries.values()]
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in pids), f"standbys outlived the kernel (nap {nap})"
+
+
+def test_a_kernel_without_standbys_starts_clusters_as_before(tmp_path: Path) -> None:
+    assert standby.claim("engines", ["2"], str(tmp_path / "out"), str(tmp_path), {}) is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
