@@ -1,0 +1,347 @@
+"""lib_dist.horovod's API on 4 real ranks (one cluster for the module): identities, every
+tensor operation and its in-place, asynchronous and differentiable forms, object operations,
+broadcasting a model and an optimizer's state, and what is refused. DistributedOptimizer,
+Tensor Fusion and the timeline are in test_horovod_optimizer.py.
+
+Every function below runs on each rank with `hvd.init()` first (a no-op once initialized).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lib_dist.horovod as hvd
+from lib_dist.cluster import Cluster, RankFailure
+
+pytestmark = pytest.mark.timeout(180)
+N = 4
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with Cluster(N, timeout=30) as c:
+        yield c
+
+
+def identities(comm):
+    import torch.distributed as dist
+
+    import lib_dist.horovod as hvd
+
+    hvd.init()
+    return dict(size=hvd.size(), rank=hvd.rank(), local=(hvd.local_rank(), hvd.local_size()),
+                cross=(hvd.cross_rank(), hvd.cross_size()), homogeneous=hvd.is_homogeneous(),
+                initialized=hvd.is_initialized(), gloo=(hvd.gloo_built(), hvd.gloo_enabled()),
+                nccl=hvd.nccl_built() == dist.is_nccl_available(), mpi=hvd.mpi_built())
+
+
+def test_ranks_and_what_is_built(cluster):
+    for r, got in enumerate(cluster.run(identities)):
+        assert got == dict(size=N, rank=r, local=(r, N), cross=(0, 1), homogeneous=True,
+                           initialized=True, gloo=(True, True), nccl=True, mpi=False)
+
+
+def reductions(comm):
+    import torch
+
+    import lib_dist.horovod as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    t = torch.tensor([1.0, -2.0, 3.0]) * (r + 1)
+    before = t.clone()
+    out = dict(
+        average=hvd.allreduce(t), named=hvd.allreduce(t, name="my_tensor"),
+        sum=hvd.allreduce(t, op=hvd.Sum), old_sum=hvd.allreduce(t, average=False),
+        old_average=hvd.allreduce(t, average=True), min=hvd.allreduce(t, op=hvd.Min),
+        max=hvd.allreduce(t, op=hvd.Max), product=hvd.allreduce(t, op=hvd.Product),
+        scaled=hvd.allreduce(t, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25),
+        scaled_average=hvd.allreduce(t, prescale_factor=3.0),
+        fp16=hvd.allreduce(t.double(), compression=hvd.Compression.fp16),
+        ints=hvd.allreduce(torch.tensor([r, 7]), op=hvd.Sum),
+        int_average=hvd.allreduce(torch.tensor([r, 7])),
+        matrix=hvd.allreduce(torch.full((2, 3), float(r)).t(), op=hvd.Sum))
+    out["unchanged"] = torch.equal(t, before)
+    in_place = t.clone()
+    out["in_place_returns_it"] = hvd.allreduce_(in_place, op=hvd.Sum) is in_place
+    out["in_place"] = in_place
+    return out
+
+
+def test_allreduce_ops_scale_factors_compression_and_dtypes(cluster):
+    base = torch.tensor([1.0, -2.0, 3.0])
+    factors = [r + 1 for r in range(N)]  # rank r holds base * (r + 1)
+    for got in cluster.run(reductions):
+        torch.testing.assert_close(got["average"], base * 2.5)
+        torch.testing.assert_close(got["named"], base * 2.5)
+        torch.testing.assert_close(got["sum"], base * 10)
+        torch.testing.assert_close(got["old_sum"], base * 10)
+        torch.testing.assert_close(got["old_average"], base * 2.5)
+        torch.testing.assert_close(got["min"], torch.tensor([1.0, -8.0, 3.0]))
+        torch.testing.assert_close(got["max"], torch.tensor([4.0, -2.0, 12.0]))
+        torch.testing.assert_close(got["product"], base ** 4 * 24)
+        torch.testing.assert_close(got["scaled"], base * 10 * 2 * 0.25)
+        torch.testing.assert_close(got["scaled_average"], base * 2.5 * 3)
+        assert got["fp16"].dtype == torch.float64  # sent as float16, returned as given
+        torch.testing.assert_close(got["fp16"], base.double() * 2.5)
+        assert got["ints"].tolist() == [6, 28] and got["ints"].dtype == torch.int64
+        assert got["int_average"].tolist() == [1, 7]  # 6 / 4 rounded down
+        assert got["matrix"].shape == (3, 2) and got["matrix"].eq(6.0).all()
+        assert got["unchanged"] and got["in_place_returns_it"]
+        torch.testing.assert_close(got["in_place"], base * sum(factors))
+
+
+def handles(comm):
+    import torch
+
+    import lib_dist.horovod as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    big = torch.full((100_000,), float(r))
+    column = torch.arange(12.0).reshape(3, 4)[:, 1] * (r + 1)  # not contiguous
+    h_big = hvd.allreduce_async(big, op=hvd.Sum, name="big")
+    h_col = hvd.allreduce_async_(column, op=hvd.Sum)
+    h_cast = hvd.broadcast_async(torch.full((2,), float(r)), root_rank=3)
+    h_cast_ = hvd.broadcast_async_(mine := torch.full((2,), float(r)), root_rank=1)
+    h_rows = hvd.allgather_async(torch.full((r + 1,), float(r)))
+    blocking = hvd.allreduce(torch.ones(3), op=hvd.Sum)  # waits for the five above
+    done = [hvd.poll(h) for h in (h_big, h_col, h_cast, h_cast_, h_rows)]
+    rows = hvd.synchronize(h_rows)  # in any order
+    out = dict(done=done, blocking=blocking, rows=rows, cast=hvd.synchronize(h_cast),
+               cast_=hvd.synchronize(h_cast_), mine=mine, column_out=hvd.synchronize(h_col),
+               column=column, big=hvd.synchronize(h_big), big_in=big[0].item())
+    try:
+        hvd.synchronize(h_big)
+    except ValueError as e:
+        out["again"] = str(e)
+    return out
+
+
+def test_async_handles_run_in_start_order_and_synchronize_in_any(cluster):
+    for r, got in enumerate(cluster.run(handles)):
+        assert got["done"] == [True] * 5  # the blocking allreduce waited for them
+        assert got["blocking"].tolist() == [4.0] * 3
+        assert got["rows"].tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0]
+        assert got["cast"].tolist() == [3.0, 3.0]
+        assert got["cast_"] is got["mine"] and got["mine"].tolist() == [1.0, 1.0]
+        assert got["column_out"] is got["column"]
+        assert got["column"].tolist() == [10.0 * v for v in (1.0, 5.0, 9.0)]
+        assert got["big"].eq(6.0).all() and got["big_in"] == r  # allreduce_async: new tensor
+        assert "synchronized once" in got["again"]
+
+
+def gathers_and_broadcasts(comm):
+    import torch
+
+    import lib_dist.horovod as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    out = dict(rows=hvd.allgather(torch.full((r, 2), float(r), dtype=torch.float64)),
+               scalars=hvd.allgather(torch.tensor(r)))
+    t = torch.full((3,), float(r))
+    out["cast"], out["t"] = hvd.broadcast(t, root_rank=2), t
+    out["cast_is_new"] = out["cast"] is not t
+    u = torch.full((2, 2), float(r)).t()
+    out["cast_"] = hvd.broadcast_(u, root_rank=3)
+    out["cast_is_u"] = out["cast_"] is u
+    for name, call in [("shapes", lambda: hvd.allgather(torch.zeros(1, 2 + (r == 3)))),
+                       ("root", lambda: hvd.broadcast(t, root_rank=N)),
+                       ("sparse", lambda: hvd.allreduce(torch.eye(2).to_sparse()))]:
+        try:
+            call()
+        except (ValueError, NotImplementedError) as e:
+            out[name] = str(e)
+    return out
+
+
+def test_allgather_with_different_first_dimensions_and_broadcast(cluster):
+    for r, got in enumerate(cluster.run(gathers_and_broadcasts)):
+        expected = torch.cat([torch.full((k, 2), float(k), dtype=torch.float64)
+                              for k in range(N)])
+        assert torch.equal(got["rows"], expected)  # 0 + 1 + 2 + 3 rows, in rank order
+        assert got["scalars"].tolist() == [0, 1, 2, 3]
+        assert got["cast"].tolist() == [2.0] * 3 and got["cast_is_new"]
+        assert got["t"].tolist() == [float(r)] * 3  # broadcast leaves its input alone
+        assert got["cast_is_u"] and got["cast_"].eq(3.0).all()
+        assert "rank 3: torch.float32 (1, 3)" in got["shapes"]  # every rank says which
+        assert "root_rank must be a rank, 0..3" in got["root"]
+        assert "sparse" in got["sparse"]
+
+
+def objects_and_models(comm):
+    import torch
+
+    import lib_dist.horovod as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    out = dict(obj=hvd.broadcast_object({"from": r, "f": lambda x: x + r}, root_rank=2),
+               objs=hvd.allgather_object("x" * r))
+    out["f"] = out["obj"].pop("f")(10)
+    torch.manual_seed(r)  # a different model on every rank
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    model(torch.randn(5, 3))  # running statistics differ too
+    hvd.broadcast_parameters(model.state_dict(), root_rank=1)
+    out["state"] = {k: v.clone() for k, v in model.state_dict().items()}
+    other = torch.nn.Linear(2, 2)
+    torch.nn.init.constant_(other.weight, float(r))
+    hvd.broadcast_parameters(other.named_parameters(), root_rank=3)  # (name, tensor) pairs
+    hvd.broadcast_parameters([other.bias], root_rank=0)  # plain tensors
+    out["other"] = (other.weight.detach().clone(), other.bias.detach().clone())
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1))
+    if r != 0:  # state on these ranks only; rank 0 has not stepped
+        model(torch.randn(5, 3)).sum().backward()
+        optimizer.step()
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    out["empty"] = (len(optimizer.state), optimizer.param_groups[0]["lr"])
+    for _ in range(r + 1):  # now different states everywhere
+        model(torch.randn(5, 3)).sum().backward()
+        optimizer.step()
+    hvd.broadcast_optimizer_state(optimizer, root_rank=2)
+    out["optimizer"] = optimizer.state_dict()
+    try:
+        hvd.broadcast_parameters(3, root_rank=0)
+    except ValueError as e:
+        out["bad"] = str(e)
+    return out
+
+
+def test_objects_parameters_and_optimizer_state(cluster):
+    results = cluster.run(objects_and_models)
+    for r, got in enumerate(results):
+        assert got["obj"] == {"from": 2} and got["f"] == 12  # a lambda travels (cloudpickle)
+        assert got["objs"] == ["", "x", "xx", "xxx"]
+        for name, value in got["state"].items():
+            assert torch.equal(value, results[1]["state"][name]), name
+        assert got["other"][0].eq(3.0).all()
+        assert torch.equal(got["other"][1], results[0]["other"][1])
+        assert got["empty"] == (0, 0.01)  # rank 0's: no state, its learning rate
+        state = got["optimizer"]["state"]
+        root = results[2]["optimizer"]["state"]
+        assert state.keys() == root.keys() and len(state) == 4
+        for index, slots in state.items():
+            assert slots["step"].item() == 3.0  # rank 2 stepped three times
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(slots[key], root[index][key])
+        assert "dict (model.state_dict()) or a list" in got["bad"]
+
+
+def gradients(comm):
+    import torch
+
+    import lib_dist.horovod as hvd
+
+    hvd.init()
+    r = hvd.rank()
+    out = {}
+    x = torch.full((2,), float(r + 1), requires_grad=True)
+    (hvd.allreduce(x, op=hvd.Sum) * torch.tensor([1.0, 2.0])).sum().backward()
+    out["sum"] = x.grad
+    x = torch.full((2,), float(r + 1), requires_grad=True)
+    hvd.allreduce(x).sum().backward()  # Average
+    out["average"] = x.grad
+    rows = torch.ones(r + 1, 2, requires_grad=True)
+    weights = torch.arange(20.0).reshape(10, 2)
+    (hvd.allgather(rows) * weights).sum().backward()
+    out["gather"] = rows.grad
+    y = torch.ones(3, requires_grad=True)
+    (hvd.broadcast(y, root_rank=1) * (r + 1)).sum().backward()
+    out["broadcast"] = y.grad
+    return out
+
+
+def test_collectives_are_differentiable(cluster):
+    weights = torch.arange(20.0).reshape(10, 2)
+    for r, got in enumerate(cluster.run(gradients)):
+        # every rank's loss reaches every rank's input
+        assert got["sum"].tolist() == [4.0, 8.0]
+        assert got["average"].tolist() == [1.0, 1.0]  # 4 ranks x 1/4
+        first = r * (r + 1) // 2
+        assert torch.equal(got["gather"], N * weights[first: first + r + 1])
+        assert got["broadcast"].tolist() == ([10.0] * 3 if r == 1 else [0.0] * 3)
+
+
+def refusals(comm):
+    import torch
+
+    import lib_dist.horovod as hvd
+
+    hvd.init()
+    out = {}
+    attempts = {
+        "alltoall": lambda: hvd.alltoall(torch.ones(4)),
+        "reducescatter": lambda: hvd.reducescatter(torch.ones(4)),
+        "grouped": lambda: hvd.grouped_allreduce([torch.ones(1)]),
+        "adasum": lambda: hvd.allreduce(torch.ones(1), op=hvd.Adasum),
+        "adasum_optimizer": lambda: hvd.DistributedOptimizer(
+            torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1), op=hvd.Adasum),
+        "process_set": lambda: hvd.allreduce(torch.ones(1), process_set=object()),
+        "process_sets": lambda: hvd.add_process_set([0, 1]),
+        "both_ops": lambda: hvd.allreduce(torch.ones(1), average=True, op=hvd.Sum),
+        "unknown": lambda: hvd.no_such_function,
+    }
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+        except (NotImplementedError, ValueError, AttributeError) as e:
+            out[name] = f"{type(e).__name__}: {e}"
+    out["global_set"] = hvd.allreduce(torch.ones(1), process_set=hvd.global_process_set)
+    out["join"] = hvd.join()
+    hvd.barrier()
+    return out
+
+
+def test_unsupported_names_raise_naming_themselves(cluster):
+    for got in cluster.run(refusals):
+        for name in ("alltoall", "reducescatter", "grouped_allreduce"):
+            key = "grouped" if name.startswith("grouped") else name
+            assert got[key].startswith(f"NotImplementedError: lib_dist.horovod does not "
+                                       f"support {name};")
+        assert "does not support Adasum" in got["adasum"]
+        assert "does not support Adasum" in got["adasum_optimizer"]
+        assert "does not support process sets" in got["process_set"]
+        assert "does not support add_process_set" in got["process_sets"]
+        assert got["both_ops"].startswith("ValueError")
+        assert got["unknown"].startswith("AttributeError: lib_dist.horovod has no "
+                                         "'no_such_function'")
+        assert got["global_set"].tolist() == [1.0]
+        assert got["join"] in range(N)
+
+
+def mismatched(comm):
+    import torch
+
+    import lib_dist.horovod as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise RuntimeError("rank 1 gives up before the allreduce")
+    return hvd.allreduce(torch.ones(1)).item()
+
+
+def test_a_rank_that_fails_is_named_and_the_others_do_not_hang(cluster):
+    with pytest.raises(RankFailure) as info:
+        cluster.run(mismatched, timeout=20)
+    assert info.value.ranks == [1]
+    assert cluster.run(identities)[3]["rank"] == 3  # fresh engines: init finds the new group
+
+
+def test_before_init_every_call_says_to_call_init_and_alone_it_is_one_rank():
+    hvd.shutdown()
+    for call in (hvd.size, hvd.rank, lambda: hvd.allreduce(torch.ones(1))):
+        with pytest.raises(ValueError, match=r"call hvd\.init\(\) first"):
+            call()
+    hvd.init()  # no cluster engine here: a world of one rank, as Horovod without horovodrun
+    try:
+        assert (hvd.size(), hvd.rank(), hvd.local_size(), hvd.cross_size()) == (1, 0, 1, 1)
+        t = torch.tensor([1.0, 2.0])
+        assert torch.equal(hvd.allreduce(t), t) and hvd.allgather(t).shape == (2,)
+        assert hvd.broadcast_object("x") == "x" and hvd.allgather_object(1) == [1]
+        assert hvd.synchronize(hvd.allreduce_async(t, op=hvd.Sum)).tolist() == [1.0, 2.0]
+        assert hvd.join() == 0
+    finally:
+        hvd.shutdown()
+    assert not hvd.is_initialized()
