@@ -45,7 +45,9 @@ from .compression import Compressor, NoneCompressor
 from .ops import Average, Sum, reduce_op, timed
 from .unsupported import check_process_set
 
-_hooks_on: weakref.WeakKeyDictionary[torch.Tensor, RemovableHandle] = weakref.WeakKeyDictionary()
+# the DistributedOptimizer hook on each parameter, by id (tensors compare elementwise, so they
+# cannot be keys of a WeakKeyDictionary); an entry goes when its parameter does
+_hooks_on: dict[int, tuple[weakref.ref[torch.Tensor], RemovableHandle]] = {}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
@@ -154,10 +156,7 @@ class _GradientSync:
             start=self._start)
         for p in params:
             if p in self.buckets:
-                old = _hooks_on.pop(p, None)
-                if old is not None:  # an earlier DistributedOptimizer of this parameter
-                    old.remove()
-                _hooks_on[p] = p.register_post_accumulate_grad_hook(self._on_grad)
+                _hook(p, self._on_grad)
 
     def _on_grad(self, p: torch.Tensor) -> None:
         key = id(p)
@@ -194,6 +193,16 @@ class _GradientSync:
         run = timed(s, "ALLREDUCE", label[:200], sent.nbytes,
                     lambda: s.comm.all_reduce(sent, op))
         return s.queue.start(run, f"allreduce {label[:60]}")
+
+
+def _hook(p: torch.Tensor, on_grad: Callable[[torch.Tensor], None]) -> None:
+    """Hook `on_grad` to `p`, removing the hook an earlier DistributedOptimizer put there."""
+    key = id(p)
+    old = _hooks_on.pop(key, None)
+    if old is not None and old[0]() is p:
+        old[1].remove()
+    _hooks_on[key] = (weakref.ref(p, lambda _: _hooks_on.pop(key, None)),
+                      p.register_post_accumulate_grad_hook(on_grad))
 
 
 def _named(optimizer: torch.optim.Optimizer,
