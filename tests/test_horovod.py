@@ -147,13 +147,16 @@ def gathers_and_broadcasts(comm):
     u = torch.full((2, 2), float(r)).t()
     out["cast_"] = hvd.broadcast_(u, root_rank=3)
     out["cast_is_u"] = out["cast_"] is u
+    refused = hvd.allgather_async(torch.zeros(1, 2 + (r == 3)))
     for name, call in [("shapes", lambda: hvd.allgather(torch.zeros(1, 2 + (r == 3)))),
+                       ("async_shapes", lambda: hvd.synchronize(refused)),
                        ("root", lambda: hvd.broadcast(t, root_rank=N)),
                        ("sparse", lambda: hvd.allreduce(torch.eye(2).to_sparse()))]:
         try:
             call()
         except (ValueError, NotImplementedError) as e:
             out[name] = str(e)
+    out["after"] = hvd.allreduce(torch.ones(1), op=hvd.Sum)  # the refusals broke nothing
     return out
 
 
@@ -167,6 +170,8 @@ def test_allgather_with_different_first_dimensions_and_broadcast(cluster):
         assert got["t"].tolist() == [float(r)] * 3  # broadcast leaves its input alone
         assert got["cast_is_u"] and got["cast_"].eq(3.0).all()
         assert "rank 3: torch.float32 (1, 3)" in got["shapes"]  # every rank says which
+        assert "rank 3: torch.float32 (1, 3)" in got["async_shapes"]
+        assert got["after"].tolist() == [4.0]
         assert "root_rank must be a rank, 0..3" in got["root"]
         assert "sparse" in got["sparse"]
 

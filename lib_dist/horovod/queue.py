@@ -8,6 +8,10 @@ in start order, as every rank starts them in the same order and the messages of 
 must never interleave. The same rule makes a blocking operation wait until everything started
 before it is done (`Queue.blocking`): it would otherwise talk on the communicator while a
 background operation does.
+
+An operation that fails with a `CommError` (a broken group) fails every operation started
+after it; one that every rank refused alike (a ValueError for mismatched shapes, say) fails
+only itself, raised by `synchronize` of its handle.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..comm import CommError
 from ..comm.background import BackgroundHandle, start_after
 
 T = TypeVar("T")
@@ -57,7 +62,10 @@ class Queue:
                 run()
 
         with self._lock:
-            self._last = start_after(self._last, body, what)
+            last = self._last
+            if last is not None and last.is_completed() and not isinstance(last.error, CommError):
+                last = None  # a finished one, or one refused on every rank (a ValueError): go on
+            self._last = start_after(last, body, what)
             return self._last
 
     def submit(self, run: Callable[[], Any], what: str, finish: Callable[[], Any]) -> int:
@@ -89,11 +97,15 @@ class Queue:
         return run()
 
     def drain(self) -> None:
-        """Wait until every started operation has finished; raises the error of a failed one."""
+        """Wait until every started operation has finished. An operation's error is raised
+        by `synchronize` of its own handle, not here."""
         with self._lock:
             last = self._last
         if last is not None:
-            last.wait()
+            try:
+                last.wait()
+            except Exception:  # noqa: BLE001 - its owner sees it
+                pass
 
     def outstanding(self) -> int:
         """How many handles have not been synchronized yet."""
