@@ -111,15 +111,18 @@ def _allreduce(tensor: torch.Tensor, out: torch.Tensor | None, average: bool | N
         raise ValueError(f"allreduce: prescale_factor and postscale_factor need a floating "
                          f"tensor, got {tensor.dtype}")
     name = s.auto_name("allreduce", name)
-    sent, ctx = compression.compress(tensor.detach())
-    work = (sent.contiguous() if out is tensor
-            else sent.clone(memory_format=torch.contiguous_format))
+    source = tensor.detach()
+    sent, ctx = compression.compress(source)
+    if out is tensor or (sent.data_ptr() != source.data_ptr() and sent.is_contiguous()):
+        work = sent.contiguous()  # in place, or already a copy (compressed)
+    else:
+        work = sent.clone(memory_format=torch.contiguous_format)
 
     def finish() -> torch.Tensor:
         result = compression.decompress(work, ctx)
         if out is tensor:
-            if result.data_ptr() != tensor.data_ptr():
-                tensor.copy_(result)
+            if result.data_ptr() != source.data_ptr():
+                source.copy_(result)
             return tensor
         return result
 
