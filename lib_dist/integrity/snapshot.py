@@ -24,6 +24,10 @@ KERNEL_MANAGED = frozenset({"builtins.exit", "builtins.quit", "builtins.get_ipyt
                             "builtins.input", "builtins.display", "builtins._", "builtins.__",
                             "builtins.___"})
 
+# Caches Python writes into a class on its own: copyreg stores a class's slot names in it the
+# first time one of its instances is pickled (a tensor sent to the engines).
+CLASS_CACHES = frozenset({"__slotnames__"})
+
 # torch rebinds a few of its functions when a module is first imported, wrapping them:
 # name -> the module whose import does it. Such a change is accepted, once.
 LAZY_REBINDINGS = {"torch.manual_seed": "torch._dynamo"}
@@ -90,7 +94,8 @@ class Snapshot:
                     yield qualified, value  # (submodules appear as they are imported)
         for cls in self.classes:
             for key, value in list(vars(cls).items()):
-                yield f"{cls.__module__}.{cls.__qualname__}.{key}", value
+                if key not in CLASS_CACHES:
+                    yield f"{cls.__module__}.{cls.__qualname__}.{key}", value
 
     def changes(self) -> list[str]:
         """Every binding added, removed or rebound since the snapshot, and every module that
