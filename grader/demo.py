@@ -66,6 +66,13 @@ TYPICAL_BUGS = {
         tensor /= n
     return tensor
 '''),
+    "lab04_data_parallel": ("q2-solution", '''def average_gradients(comm, model):
+    """Replace every parameter's gradient by its average over the ranks, in place: one
+    all-reduce per parameter that has a gradient."""
+    for p in model.parameters():
+        if p.grad is not None:
+            comm.all_reduce(p.grad)  # the sum: N times the average, as if lr were N times larger
+'''),
 }
 
 

@@ -49,18 +49,22 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   place, returns `tensor`; 2(N-1) messages of one chunk per rank). Their signatures are the
   `Communicator` collectives' with `comm` first; `benchmarks/allreduce.py` times the
   instructor's `ring_all_reduce`.
-- lab04_data_parallel (not in `LABS` yet), on `comm`'s `all_reduce`, `all_reduce_async` and
-  `broadcast`: `average_gradients(comm, model) -> None`, one `all_reduce(p.grad, "avg")` per
-  parameter with a gradient; `ShardSampler(dataset_size, num_replicas, rank, *, shuffle=True,
-  seed=0, drop_last=False)` with `set_epoch(epoch)`, `__iter__` and `__len__`, the indices of
+- lab04_data_parallel, on `comm`'s `broadcast`, `all_reduce` and `all_reduce_async`:
+  `average_gradients(comm, model) -> None`, one `all_reduce(p.grad, "avg")` per parameter
+  with a gradient; `ShardSampler(dataset_size, num_replicas, rank, *, shuffle=True, seed=0,
+  drop_last=False)` with `set_epoch(epoch)`, `__iter__` and `__len__`, the indices of
   `torch.utils.data.DistributedSampler`; `DataParallel(module, comm, *, bucket_bytes=25 MiB,
   broadcast_from=0)`, an `nn.Module` after whose `loss.backward()` every `p.grad` is the
-  average over the ranks (parameters broadcast when wrapping; post-accumulate-grad hooks start
-  one `all_reduce_async` per full bucket; a callback queued for the end of backward waits for
-  them), with `no_sync()` for accumulation, frozen, tied and unused parameters handled as one
-  process would, and `timeline`, the marks of each step that overlap is checked from.
-  lib_dist's versions are in `lib_dist.data_parallel` (its `Buckets` also serve
-  `lib_dist.horovod`).
+  average over the ranks, with `no_sync()` for accumulation and frozen, tied and unused
+  parameters handled as one process would. The lab gives the skeleton (the buckets of the
+  lab's `plan_buckets`, the post-accumulate-grad hooks and the end-of-backward callback);
+  students write `broadcast_parameters(root)`, `new_step()`, `grad_ready(p)` (start every
+  full bucket, in order, with one `all_reduce_async` of its gradients and a used-flag per
+  parameter), `start_bucket(k)`, `finish()` (wait, write back, None where no rank had a
+  gradient) and `no_sync()`. lib_dist's versions are in `lib_dist.data_parallel` (whose
+  `DataParallel` also keeps a `timeline` of each step); they are switched off while the lab
+  is graded, `Buckets` included, and with it `lib_dist.horovod`'s `DistributedOptimizer`.
+  `benchmarks/data_parallel.py` times the instructor's `DataParallel`.
 
 Reusing definitions
 -------------------
@@ -111,6 +115,22 @@ LABS: dict[str, Lab] = {
         ("lib_dist.comm.algorithms:ring", "lib_dist.comm.algorithms:gather_broadcast",
          *(f"lib_dist.comm:{cls}.{op}" for cls in ("Communicator", "TorchCommunicator")
            for op in _COLLECTIVES)), engines=True),
+    "lab04_data_parallel": Lab(
+        ("ShardSampler", "average_gradients", "DataParallel"),
+        ("lib_dist.data_parallel:average_gradients",
+         "lib_dist.data_parallel:broadcast_parameters", "lib_dist.data_parallel:broadcast_tensors",
+         *(f"lib_dist.data_parallel:ShardSampler.{method}"
+           for method in ("__init__", "set_epoch", "ordering", "__iter__", "__len__")),
+         *(f"lib_dist.data_parallel:DataParallel.{method}"
+           for method in ("__init__", "forward", "no_sync", "_on_grad_ready", "_end_of_backward")),
+         *(f"lib_dist.data_parallel:Buckets.{method}"  # the buckets are what the lab asks for
+           for method in ("__init__", "mark_ready", "finish")),
+         "lib_dist.data_parallel:Bucket.gather_grads",
+         "lib_dist.data_parallel:Bucket.scatter_grads"),
+        oracles=("torch.nn.parallel:DistributedDataParallel",
+                 "torch.utils.data:DistributedSampler", "lib_dist.data_parallel:DataParallel",
+                 "lib_dist.data_parallel:ShardSampler"),
+        engines=True),
 }
 
 __all__ = ["FALLBACK", "LABS", "Definitions", "Lab", "MissingDefinition", "definitions"]

@@ -1,0 +1,151 @@
+"""Lab 4 cannot be passed with someone else's data parallelism: submissions that import
+lib_dist's `DataParallel`, `average_gradients` or `ShardSampler`, subclass them, build on
+lib_dist's gradient `Buckets`, subclass torch's `DistributedSampler` or
+`DistributedDataParallel`, or wrap torch's DDP, graded for real in the sandbox, score 0 on the
+questions they take that way and keep the points of what they wrote themselves, while the
+solution keeps full marks (see tests/test_integrity.py for labs 01-03)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from test_integrity import check_cheat, code, grade
+
+pytestmark = pytest.mark.timeout(900)
+
+LAB04 = "lab04_data_parallel"
+SAMPLER = {"q1-test-torch", "q1-test-shards", "q6-test-cluster"}  # q6 trains on its shards
+DATA_PARALLEL = {"q3-test-broadcast", "q4-test-equal", "q4-test-buckets", "q4-test-overlap",
+                 "q5-test-no-sync", "q6-test-simulated", "q6-test-cluster"}
+
+LAB04_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
+    "imports_lib_dist": ({"q1-solution": "from lib_dist.data_parallel import ShardSampler\n",
+                          "q2-solution": "from lib_dist.data_parallel import average_gradients\n",
+                          "dp-solution": "from lib_dist.data_parallel import DataParallel\n"},
+                         "all"),
+    "subclasses_lib_dist": ({"q1-solution": code("""
+        import lib_dist.data_parallel
+        class ShardSampler(lib_dist.data_parallel.ShardSampler):
+            pass
+        """), "dp-solution": code("""
+        import lib_dist.data_parallel
+        class DataParallel(lib_dist.data_parallel.DataParallel):
+            pass
+        """)}, SAMPLER | DATA_PARALLEL),
+    "builds_on_lib_dist_buckets": ({"dp-solution": code("""
+        import contextlib
+        import torch
+        from torch import nn
+        from lib_dist.data_parallel import Buckets
+
+        class DataParallel(nn.Module):
+            def __init__(self, module, comm, *, bucket_bytes=25 * 2**20, broadcast_from=0):
+                super().__init__()
+                self.module, self.comm, self.bucket_bytes = module, comm, bucket_bytes
+                with torch.no_grad():  # written by the student: Q3 counts
+                    for t in [*module.parameters(), *module.buffers()]:
+                        comm.broadcast(t.detach(), broadcast_from)
+                self.buckets, self.sync, self.queued = None, True, False
+                for p in module.parameters():
+                    if p.requires_grad:
+                        p.register_post_accumulate_grad_hook(self.hook)
+
+            def forward(self, *args, **kwargs):
+                return self.module(*args, **kwargs)
+
+            def hook(self, p):
+                if not self.sync:
+                    return
+                if self.buckets is None:  # lib_dist's buckets do the rest
+                    self.buckets = Buckets(list(self.module.parameters()), self.comm,
+                                           self.bucket_bytes)
+                if not self.queued:
+                    self.queued = True
+                    torch.autograd.Variable._execution_engine.queue_callback(self.end)
+                self.buckets.mark_ready(p)
+
+            def end(self):
+                self.queued = False
+                self.buckets.finish()
+
+            @contextlib.contextmanager
+            def no_sync(self):
+                self.sync = False
+                try:
+                    yield
+                finally:
+                    self.sync = True
+        """)}, DATA_PARALLEL - {"q3-test-broadcast"}),
+    "subclasses_torchs_sampler": ({"q1-solution": code("""
+        from torch.utils.data import DistributedSampler
+        class ShardSampler(DistributedSampler):
+            def __init__(self, dataset_size, num_replicas, rank, *, shuffle=True, seed=0,
+                         drop_last=False):
+                super().__init__(range(dataset_size), num_replicas=num_replicas, rank=rank,
+                                 shuffle=shuffle, seed=seed, drop_last=drop_last)
+        """)}, SAMPLER),
+    "subclasses_torchs_ddp": ({"dp-solution": code("""
+        from torch.nn.parallel import DistributedDataParallel
+        class DataParallel(DistributedDataParallel):
+            def __init__(self, module, comm, *, bucket_bytes=25 * 2**20, broadcast_from=0):
+                super().__init__(module, bucket_cap_mb=bucket_bytes / 2**20,
+                                 find_unused_parameters=True)
+        """)}, DATA_PARALLEL),
+    "wraps_torchs_ddp": ({"dp-solution": code("""
+        from torch import nn
+        from torch.nn.parallel import DistributedDataParallel
+        class DataParallel(nn.Module):
+            def __init__(self, module, comm, *, bucket_bytes=25 * 2**20, broadcast_from=0):
+                super().__init__()
+                self.ddp = DistributedDataParallel(module, bucket_cap_mb=bucket_bytes / 2**20,
+                                                   find_unused_parameters=True)
+            def forward(self, *args, **kwargs):
+                return self.ddp(*args, **kwargs)
+            def no_sync(self):
+                return self.ddp.no_sync()
+        """)}, DATA_PARALLEL),
+}
+
+
+@pytest.fixture(scope="module")
+def lab04(tmp_path_factory):
+    return grade(tmp_path_factory, LAB04, LAB04_CHEATS)
+
+
+@pytest.mark.parametrize("student", sorted(LAB04_CHEATS))
+def test_lab04_cheats_score_zero(lab04, student):
+    errors = check_cheat(lab04, LAB04, LAB04_CHEATS, student)
+    asks = "lab04_data_parallel asks you to write"
+    expected = {
+        "imports_lib_dist": [f"{asks} ShardSampler yourself: yours is "
+                             "lib_dist.data_parallel.ShardSampler",
+                             "lib_dist.data_parallel.average_gradients is lib_dist's own version",
+                             f"{asks} DataParallel yourself: yours is "
+                             "lib_dist.data_parallel.DataParallel"],
+        "subclasses_lib_dist": ["yours is lib_dist.data_parallel.ShardSampler, or builds on it",
+                                "yours is lib_dist.data_parallel.DataParallel, or builds on it"],
+        "builds_on_lib_dist_buckets": ["lib_dist.data_parallel.Buckets.__init__ is lib_dist's "
+                                       "own version"],
+        "subclasses_torchs_sampler": ["yours is torch.utils.data.DistributedSampler"],
+        "subclasses_torchs_ddp": ["yours is torch.nn.parallel.DistributedDataParallel"],
+        "wraps_torchs_ddp": ["should send one all_reduce_async per bucket", "through comm"],
+    }[student]
+    for text in expected:
+        assert text in errors
+
+
+def test_sending_a_tensor_to_the_engines_changes_nothing_the_guard_watches():
+    """Pickling an instance makes copyreg cache the class's slot names in the class
+    (`torch.Tensor.__slotnames__`): Python's doing, not the student's."""
+    from lib_dist.integrity.snapshot import Snapshot, classes_of, trusted_modules
+
+    if "__slotnames__" in vars(torch.Tensor):  # pickled before: forget it
+        del torch.Tensor.__slotnames__
+    modules = trusted_modules()
+    snapshot = Snapshot(modules, classes_of(modules))
+    pickle.dumps([torch.ones(2), torch.nn.Parameter(torch.zeros(1))])
+    assert "__slotnames__" in vars(torch.Tensor)
+    assert snapshot.changes() == []
