@@ -32,7 +32,8 @@ import torch
 from ..comm import Trace
 from ..errors import RankFailure, RankTimeout
 from . import engine
-from .launchers import ForkedEngineSetLauncher, StandbyControllerLauncher
+from .launchers import (ForkedEngineSetLauncher, StandbyControllerLauncher, engine_hosts,
+                        every_launcher)
 from .outcome import breaks_the_group, collect, failed_in_communication, whereabouts
 from .placement import assign_devices, check_gpus
 from .reaper import Watchdog, kill_now, running
@@ -151,6 +152,14 @@ class Cluster:
         while others wait on it, those get a few seconds before they count as hung. After a
         hang or a communication error the engines are restarted and the group rebuilt.
         """
+        return self._run(fn, args, kwargs, timeout)
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             timeout: float | None, watch: Callable[[dict[int, Any]], Any] | None = None,
+             restart: bool = True) -> list[Any]:
+        """`run`. `watch(pending)` (`streaming`) gets each rank's AsyncResult and returns an
+        object whose `stop(final)` is called once they are in. `restart=False` leaves the
+        engines as they are after a hang or a broken group."""
         client = self._require_started()
         check_sendable(fn, args, kwargs)
         timeout = self.timeout if timeout is None else timeout
@@ -158,15 +167,19 @@ class Cluster:
         pending = {rank: client[info["engine"]].apply_async(
             engine.call, fn, args, kwargs, self._calls, timeout * 0.9)
             for rank, info in enumerate(self.ranks)}
+        stop_watching = watch(pending).stop if watch is not None else lambda final: None
         try:
             got = collect(pending, timeout, self._dead_engines)
         except KeyboardInterrupt:  # the kernel was interrupted: engines may still be busy
-            self.restart()
+            stop_watching(final=False)
+            if restart:
+                self.restart()
             raise
+        stop_watching(final=True)
         exceptions = got.exceptions()
         where = (whereabouts(self._store_address, self._calls, got.hung)
                  if got.hung and not got.failed else {})
-        if got.hung or any(breaks_the_group(e) for e in exceptions.values()):
+        if restart and (got.hung or any(breaks_the_group(e) for e in exceptions.values())):
             self.restart()
         if got.failed:
             raise RankFailure(got.failures(), exceptions, still_running=got.hung, consequences={
@@ -205,7 +218,7 @@ class Cluster:
 
     def _launch_engines(self) -> None:
         self._ipp.start_engines_sync(self.n)
-        for launcher in _launchers(self._ipp.engines.values()):
+        for launcher in every_launcher(self._ipp.engines.values()):
             self._watchdog.watch(launcher)
 
     def _join_engines(self, before: set[int]) -> None:
@@ -261,9 +274,8 @@ class Cluster:
         """SIGKILL this host's engines, and the process that forked them: a rank stuck in a
         collective ignores SIGTERM, and ipyparallel would wait for it."""
         here = socket.gethostname()
-        launchers = [launcher.process.pid for launcher in _launchers(self._ipp.engines.values())
-                     if isinstance(launcher, ForkedEngineSetLauncher) and launcher.process]
-        kill_now([info["pid"] for info in self.ranks if info["host"] == here] + launchers)
+        kill_now([info["pid"] for info in self.ranks if info["host"] == here]
+                 + engine_hosts(self._ipp.engines.values()))
 
     def _engine_output(self) -> str:
         return "\n".join(es.get_output() for es in self._ipp.engines.values())[-4000:]
@@ -276,13 +288,6 @@ class Cluster:
     def __repr__(self) -> str:
         state = f"{len(self.ranks)} ranks, {self.backend}" if self._client else "stopped"
         return f"Cluster(n={self.n}, {state})"
-
-
-def _launchers(engine_sets: Any) -> list[Any]:
-    found = []
-    for es in engine_sets:
-        found += list(getattr(es, "launchers", {}).values()) or [es]
-    return found
 
 
 @atexit.register

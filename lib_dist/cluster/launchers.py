@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any, Iterable
 
 import psutil
 from ipyparallel.cluster.launcher import (EngineLauncher, LocalControllerLauncher,
@@ -60,3 +61,17 @@ class StandbyControllerLauncher(_TakesOverStandby, LocalControllerLauncher):
 
     def standby_args(self) -> list[str]:
         return [*self.cluster_args, *self.controller_args]
+
+
+def every_launcher(engine_sets: Iterable[Any]) -> list[Any]:
+    """The launchers of a cluster's engine sets: each set's own, or the set itself."""
+    found = []
+    for es in engine_sets:
+        found += list(getattr(es, "launchers", {}).values()) or [es]
+    return found
+
+
+def engine_hosts(engine_sets: Iterable[Any]) -> list[int]:
+    """PIDs of the processes that forked local engines (`ForkedEngineSetLauncher`)."""
+    return [launcher.process.pid for launcher in every_launcher(engine_sets)
+            if isinstance(launcher, ForkedEngineSetLauncher) and launcher.process]

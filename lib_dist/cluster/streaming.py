@@ -18,12 +18,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from ..comm import Trace
-from ..errors import RankFailure, RankTimeout
-from . import engine
 from .cluster import Cluster
-from .outcome import breaks_the_group, collect, failed_in_communication, whereabouts
-from .sending import check_sendable
 
 OnOutput = Callable[[int, str, str], None]  # (rank, "stdout" or "stderr", text)
 STREAMS = ("stdout", "stderr")
@@ -36,34 +31,9 @@ def run_streaming(cluster: Cluster, fn: Callable[..., Any], *args: Any, on_outpu
     rank's output as it comes (from one thread, in order per rank and stream).
     `restart=False` leaves the engines as they are after a hang or a broken group (for a
     caller about to stop the cluster anyway)."""
-    client = cluster.client
-    check_sendable(fn, args, kwargs)
-    timeout = cluster.timeout if timeout is None else timeout
-    cluster._calls += 1
-    pending = {rank: client[info["engine"]].apply_async(
-        engine.call, fn, args, kwargs, cluster._calls, timeout * 0.9)
-        for rank, info in enumerate(cluster.ranks)}
-    echo = _Echo(pending, on_output, interval)
-    try:
-        got = collect(pending, timeout, cluster._dead_engines)
-    except KeyboardInterrupt:
-        echo.stop(final=False)
-        if restart:
-            cluster.restart()
-        raise
-    echo.stop(final=True)
-    exceptions = got.exceptions()
-    where = (whereabouts(cluster._store_address, cluster._calls, got.hung)
-             if got.hung and not got.failed else {})
-    if restart and (got.hung or any(breaks_the_group(e) for e in exceptions.values())):
-        cluster.restart()
-    if got.failed:
-        raise RankFailure(got.failures(), exceptions, still_running=got.hung, consequences={
-            r for r, e in exceptions.items() if failed_in_communication(e)})
-    if got.hung:
-        raise RankTimeout(got.hung, timeout, where)
-    cluster.trace = Trace.merge([Trace(list(o.events)) for o in got.done.values()])
-    return [got.done[rank].result for rank in range(cluster.n)]
+    return cluster._run(fn, args, kwargs, timeout,
+                        watch=lambda pending: _Echo(pending, on_output, interval),
+                        restart=restart)
 
 
 class _Echo:
