@@ -12,6 +12,10 @@ Base classes
   `update(self, p, grad, state, group) -> None`, changing `p` in place (see
   `lib_dist.optim.base` for the contract). Any instance works where a `torch.optim` optimizer
   does.
+- `lib_dist.horovod.Compressor`: `compress(tensor) -> (tensor, ctx)` and
+  `decompress(tensor, ctx) -> tensor` (static methods), what `hvd.allreduce` and
+  `hvd.DistributedOptimizer` take as `compression`; `Compression.fp16` is one. The gradient
+  buckets of `lib_dist.data_parallel.Buckets` take any object with those two methods.
 
 Functions
 ---------
