@@ -12,6 +12,8 @@ import os as _os
 __version__ = "0.1.0"
 
 if _os.environ.get("LIB_DIST_GRADED_LAB"):  # in a graded kernel and its engines only
+    from .integrity.oracles import guard_oracles as _guard_oracles
     from .integrity.stubs import switch_off_references as _switch_off
 
-    _switch_off(_os.environ["LIB_DIST_GRADED_LAB"])
+    _switch_off(_os.environ["LIB_DIST_GRADED_LAB"])  # what the lab asks for: switched off
+    _guard_oracles(_os.environ["LIB_DIST_GRADED_LAB"])  # what it is compared with: not in answers

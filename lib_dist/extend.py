@@ -67,7 +67,8 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   parameter), `start_bucket(k)`, `finish()` (wait, write back, None where no rank had a
   gradient) and `no_sync()`. lib_dist's versions are in `lib_dist.data_parallel` (whose
   `DataParallel` also keeps a `timeline` of each step); they are switched off while the lab
-  is graded, `Buckets` included, and with it `lib_dist.horovod`'s `DistributedOptimizer`.
+  is graded, `Buckets` included, and with it `lib_dist.horovod`'s `DistributedOptimizer`; so
+  are `lib_dist.horovod`'s `broadcast_parameters` and `broadcast_optimizer_state`.
   `benchmarks/data_parallel.py` times the instructor's `DataParallel`.
 
 Reusing definitions
@@ -92,7 +93,9 @@ class Lab:
     references: lib_dist's own versions of them, as "module:qualname", switched off while
         the lab is graded: a call raises `lib_dist.integrity.AskedToWrite`.
     oracles: what the tests compare an answer with, as "module:qualname"; an answer that is
-        one of them, or a subclass of one, is not taken while the lab is graded.
+        one of them, or a subclass of one, is not taken while the lab is graded, and the
+        student's code may not build or call one while an answer runs
+        (`lib_dist.integrity.oracles`); the tests themselves use them freely.
     engines: whether the notebook starts a `lib_dist.cluster.Cluster` of local engines; the
         grader then starts their host with the kernel (`lib_dist.cluster.standby`).
     """
@@ -130,7 +133,11 @@ LABS: dict[str, Lab] = {
          *(f"lib_dist.data_parallel:Buckets.{method}"  # the buckets are what the lab asks for
            for method in ("__init__", "mark_ready", "finish")),
          "lib_dist.data_parallel:Bucket.gather_grads",
-         "lib_dist.data_parallel:Bucket.scatter_grads"),
+         "lib_dist.data_parallel:Bucket.scatter_grads",
+         # lib_dist.horovod's broadcast of a model's tensors (and its fused broadcast, which
+         # broadcast_optimizer_state uses too); its allreduce_ is an all-reduce, as comm's
+         "lib_dist.horovod.objects:broadcast_parameters",
+         "lib_dist.horovod.objects:broadcast_tensors"),
         oracles=("torch.nn.parallel:DistributedDataParallel",
                  "torch.utils.data:DistributedSampler", "lib_dist.data_parallel:DataParallel",
                  "lib_dist.data_parallel:ShardSampler"),

@@ -3,10 +3,9 @@ the questions they cheat on, with a message saying why, while the solution keeps
 
 Each lab is released into a scratch course and graded once, in the sandbox, as
 `python -m grader autograde` does: the instructor's solution beside submissions that take
-lib_dist's own version of an answer, or change what the tests compare with (torch, builtins,
-lib_dist, the lab's helpers) at top level, inside the answer, or for just long enough to fool
-one comparison.
-"""
+lib_dist's own version of an answer, use what the tests compare with inside their own, or change
+it (torch, builtins, lib_dist, the lab's helpers) at top level, inside the answer, or for just
+long enough to fool one comparison."""
 
 from __future__ import annotations
 
@@ -141,6 +140,20 @@ LAB02_CHEATS = {
     "optimizer_is_torchs": ({"q1-solution": "import torch\nclass SGD(torch.optim.SGD):\n    pass\n",
                              "q2-solution": "class AdamW:\n    pass\n"},
                             {"q1-test-torch", "q1-test-state"}),
+    "optimizer_delegates_to_torchs": ({"q1-solution": code("""
+        import torch
+        class SGD(Optimizer):
+            def __init__(self, params, lr, momentum=0.0, weight_decay=0.0):
+                super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+            def update(self, p, grad, state, group):  # torch's SGD steps p, its buffer in state
+                torchs = torch.optim.SGD([p], lr=group["lr"], momentum=group["momentum"],
+                                         weight_decay=group["weight_decay"])
+                if "momentum_buffer" in state:
+                    torchs.state[p]["momentum_buffer"] = state["momentum_buffer"]
+                torchs.step()
+                if group["momentum"]:
+                    state["momentum_buffer"] = torchs.state[p]["momentum_buffer"]
+        """), "q2-solution": "class AdamW:\n    pass\n"}, {"q1-test-torch", "q1-test-state"}),
 }
 
 
@@ -241,13 +254,16 @@ def test_lab03_cheats_score_zero(lab03, student):
     assert expected in errors
 
 
-def test_lab02_an_oracle_is_no_answer(lab02):
+@pytest.mark.parametrize("student", sorted(LAB02_CHEATS))
+def test_lab02_an_oracle_is_no_answer(lab02, student):
     course, scores = lab02
-    got = scores["optimizer_is_torchs"]
+    got = scores[student]
     assert got["q1-test-torch"] == got["q1-test-state"] == 0
     assert got["q3-test-equal"] > 0  # accumulated_step is the solution's, and still counts
-    errors = error_text(course, LAB02, "optimizer_is_torchs")
-    assert "lab02_training asks you to write SGD yourself: yours is torch.optim.SGD" in errors
+    because = {"optimizer_is_torchs": "yours is torch.optim.SGD",
+               "optimizer_delegates_to_torchs": "torch.optim.SGD is what the tests compare with"}
+    assert (f"lab02_training asks you to write SGD yourself: {because[student]}"
+            in error_text(course, LAB02, student))
 
 
 def test_every_lab_declares_names_its_solution_defines_and_references_that_exist():

@@ -1,17 +1,20 @@
 """Lab 4 cannot be passed with someone else's data parallelism: submissions that import
 lib_dist's `DataParallel`, `average_gradients` or `ShardSampler`, subclass them, build on
 lib_dist's gradient `Buckets`, subclass torch's `DistributedSampler` or
-`DistributedDataParallel`, or wrap torch's DDP, graded for real in the sandbox, score 0 on the
-questions they take that way and keep the points of what they wrote themselves, while the
-solution keeps full marks (see tests/test_integrity.py for labs 01-03)."""
+`DistributedDataParallel`, wrap torch's DDP, build torch's sampler inside their own, or
+broadcast with `lib_dist.horovod`, graded for real in the sandbox, score 0 on the questions they
+take that way and keep the points of what they wrote themselves, while the solution keeps full
+marks (see tests/test_integrity.py for labs 01-03)."""
 
 from __future__ import annotations
 
 import pickle
 
+import nbformat
 import pytest
 import torch
 
+from grader.course import REPO
 from test_integrity import check_cheat, code, grade
 
 pytestmark = pytest.mark.timeout(900)
@@ -20,6 +23,25 @@ LAB04 = "lab04_data_parallel"
 SAMPLER = {"q1-test-torch", "q1-test-shards", "q6-test-cluster"}  # q6 trains on its shards
 DATA_PARALLEL = {"q3-test-broadcast", "q4-test-equal", "q4-test-buckets", "q4-test-overlap",
                  "q5-test-no-sync", "q6-test-simulated", "q6-test-cluster"}
+
+
+def solution_cell(lab: str, grade_id: str) -> str:
+    nb = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    return next(c.source for c in nb.cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def with_horovods_broadcast(source: str) -> str:
+    """The solution's DataParallel, broadcasting with lib_dist.horovod's broadcast_parameters."""
+    own = ("        with torch.no_grad():\n"
+           "            for t in [*self.module.parameters(), *self.module.buffers()]:\n"
+           "                self.comm.broadcast(t.detach(), root)\n")
+    horovods = ("        import lib_dist.horovod as hvd\n"
+                "        hvd.init(getattr(self.comm, 'comm', self.comm))\n"
+                "        hvd.broadcast_parameters([*self.module.parameters(),\n"
+                "                                  *self.module.buffers()], root)\n")
+    assert own in source, "the solution's broadcast_parameters changed: update this cheat"
+    return source.replace(own, horovods)
 
 LAB04_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
     "imports_lib_dist": ({"q1-solution": "from lib_dist.data_parallel import ShardSampler\n",
@@ -107,6 +129,25 @@ LAB04_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
             def no_sync(self):
                 return self.ddp.no_sync()
         """)}, DATA_PARALLEL),
+    "delegates_to_torchs_sampler": ({"q1-solution": code("""
+        from torch.utils.data import DistributedSampler
+        class ShardSampler:
+            def __init__(self, dataset_size, num_replicas, rank, *, shuffle=True, seed=0,
+                         drop_last=False):
+                self.dataset_size, self.epoch = dataset_size, 0
+                self.options = dict(num_replicas=num_replicas, rank=rank, shuffle=shuffle,
+                                    seed=seed, drop_last=drop_last)
+            def set_epoch(self, epoch):
+                self.epoch = epoch
+            def __iter__(self):  # torch's sampler, built here and asked
+                torchs = DistributedSampler(range(self.dataset_size), **self.options)
+                torchs.set_epoch(self.epoch)
+                yield from torchs
+            def __len__(self):
+                return len(DistributedSampler(range(self.dataset_size), **self.options))
+        """)}, SAMPLER),
+    "broadcasts_with_horovod": ({"dp-solution": with_horovods_broadcast(
+        solution_cell(LAB04, "dp-solution"))}, DATA_PARALLEL),
 }
 
 
@@ -131,7 +172,14 @@ def test_lab04_cheats_score_zero(lab04, student):
                                        "own version"],
         "subclasses_torchs_sampler": ["yours is torch.utils.data.DistributedSampler"],
         "subclasses_torchs_ddp": ["yours is torch.nn.parallel.DistributedDataParallel"],
-        "wraps_torchs_ddp": ["should send one all_reduce_async per bucket", "through comm"],
+        "wraps_torchs_ddp": [f"{asks} DataParallel yourself: torch.nn.parallel."
+                             "DistributedDataParallel is what the tests compare with"],
+        "delegates_to_torchs_sampler": [f"{asks} ShardSampler yourself: "
+                                        "torch.utils.data.DistributedSampler is what the tests "
+                                        "compare with, so your code may not use it"],
+        # hvd.init rebinds horovod's state in lib_dist: that alone fails every later test in
+        # the kernel (its broadcast_parameters, switched off, raises: tests/test_integrity_oracles)
+        "broadcasts_with_horovod": ["lib_dist.horovod.basics._state"],
     }[student]
     for text in expected:
         assert text in errors

@@ -10,10 +10,12 @@ locked cell (setup, helpers, tests) through `run`:
   notebook's namespace too, for the student's own use.
 - Before each locked cell, the names the lab asks for (`lib_dist.extend.LABS`) are copied in
   from the notebook, and nothing else of the student's. Functions are wrapped, and so are the
-  methods of classes: when an answer returns, the guard checks that torch, builtins, numpy,
-  lib_dist and the locked namespace are bound exactly as before (a patch that restores itself
-  after fooling one comparison is still in place when the answer returns), and that what it
-  returned holds plain tensors (a subclass can make `torch.equal` answer yes).
+  methods of classes (`answers`): when an answer returns, the guard checks that torch,
+  builtins, numpy, lib_dist, the locked namespace and the lab's oracles are bound exactly as
+  before (a patch that restores itself after fooling one comparison is still in place when the
+  answer returns), and that what it returned holds plain tensors (a subclass can make
+  `torch.equal` answer yes). While an answer runs, the lab's oracles refuse to be used
+  (`oracles`): the tests compare with them, so the student's code may not call them.
 - Throughout, an audit hook (which nothing can remove) notes any re-import or re-execution of
   a lib_dist module (`importlib.reload`, a fresh import after deleting it from sys.modules,
   which would bring back what `stubs` switched off) and any change of a protected function's
@@ -27,26 +29,18 @@ from __future__ import annotations
 
 import ast
 import builtins
-import functools
 import linecache
 import sys
-import threading
-import types
-from typing import Any, Callable
-
-import torch
+from typing import Any
 
 from ..extend import LABS
+from .answers import Tampering, checked, checked_class, defined_in, refusing
+from .oracles import guard_oracles, watched
 from .snapshot import Snapshot, classes_of, namespace_changes, trusted_modules
-from .stubs import AskedToWrite, switch_off_references, taken_from_oracle
+from .stubs import switch_off_references, taken_from_oracle
 
 ARMED: Guard | None = None
 _AUDITED = frozenset({"import", "exec", "object.__setattr__"})
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-class Tampering(AssertionError):
-    """Something the tests rely on was changed while the student's code ran."""
 
 
 class Guard:
@@ -60,8 +54,10 @@ class Guard:
         self.lab_name, self.lab = lab, LABS[lab]
         self.user_ns = notebook_namespace
         self.ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-        modules = trusted_modules()
-        self.snapshot = Snapshot(modules, classes_of(modules))
+        guard_oracles(lab)  # again (see `oracles`), and before the snapshot, which watches them
+        modules, (oracle_modules, oracle_classes) = trusted_modules(), watched(lab)
+        modules += [m for m in oracle_modules if m not in modules]
+        self.snapshot = Snapshot(modules, classes_of(modules, oracle_classes))
         self.lib_files = {m.__file__ for m in modules
                           if m.__name__.startswith("lib_dist") and m.__file__}
         self.findings: dict[str, list[str]] = {}
@@ -81,7 +77,7 @@ class Guard:
         self.findings.setdefault(cell, [])
         self.ran.add(cell)
         if graded:
-            self._raise_if_changed(f"before {cell} ran")
+            self.raise_if_changed(f"before {cell} ran")
         self.ns.update({name: self._answer(name) for name in self.lab.asks
                         if name in self.user_ns})
         bound = bound_names(source)
@@ -94,7 +90,7 @@ class Guard:
             self._note(namespace_changes(self._before, self.ns, self._allowed))
         self._before = dict(self.ns)
         if graded:
-            self._raise_if_changed(f"while {cell} ran")
+            self.raise_if_changed(f"while {cell} ran")
 
     def report(self, cell: str) -> list[str]:
         """What the grader puts in the cell's feedback: each change seen while it ran."""
@@ -107,7 +103,7 @@ class Guard:
         return (self.snapshot.changes() + list(self._heard)
                 + namespace_changes(self._before, self.ns, self._allowed))
 
-    def _raise_if_changed(self, when: str) -> None:
+    def raise_if_changed(self, when: str) -> None:
         changed = self.changes()
         if changed:
             self._note(changed)
@@ -142,61 +138,12 @@ class Guard:
         value = self.user_ns[name]
         oracle = taken_from_oracle(self.lab_name, value)
         if oracle:
-            return _refusing(f"{self.lab_name} asks you to write {name} yourself: yours is "
-                             f"{oracle}, or builds on it, and the tests compare with it")
+            return refusing(f"{self.lab_name} asks you to write {name} yourself: yours is "
+                            f"{oracle}, or builds on it, and the tests compare with it")
         if isinstance(value, type):
-            return self._checked_class(value, name)
-        return _checked(value, name, id(self)) if callable(value) else value
-
-    def _checked_class(self, cls: type, name: str) -> type:
-        """Wrap the class's own methods in place (once)."""
-        for attr, value in list(vars(cls).items()):
-            if isinstance(value, (staticmethod, classmethod)):
-                if id(value.__func__) not in _WRAPPERS:
-                    wrapped = _checked(value.__func__, f"{name}.{attr}", id(self))
-                    setattr(cls, attr, type(value)(wrapped))
-            elif isinstance(value, types.FunctionType) and id(value) not in _WRAPPERS:
-                setattr(cls, attr, _checked(value, f"{name}.{attr}", id(self)))
-        return cls
-
-
-_depth = threading.local()  # answers running on this thread, one inside another
-_WRAPPERS: dict[int, Callable[..., Any]] = {}  # id -> wrapper, kept alive
-
-
-def _checked(fn: Callable[..., Any], name: str, guard: int) -> Callable[..., Any]:
-    """`fn`, checked by the guard whose id is `guard` each time it returns to code that is not
-    the student's (see `Guard`). It names only module-level functions, which cloudpickle sends
-    to engines by reference."""
-    @functools.wraps(fn)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        return _answering(guard, name, fn, args, kwargs)
-
-    _WRAPPERS[id(checked)] = checked
-    return checked
-
-
-def _answering(guard: int, name: str, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    _depth.value = getattr(_depth, "value", 0) + 1
-    try:
-        result = fn(*args, **kwargs)
-    finally:
-        _depth.value -= 1
-    return result if _depth.value else _after_answer(guard, name, result)
-
-
-def _refusing(message: str) -> Callable[..., Any]:
-    def refused(*args: Any, **kwargs: Any) -> Any:
-        raise AskedToWrite(message)
-
-    return refused
-
-
-def _after_answer(guard: int, name: str, result: Any) -> Any:
-    if ARMED is not None and id(ARMED) == guard:  # on an engine, nothing is armed
-        ARMED._raise_if_changed(f"when {name} returned")
-        _require_plain(result, name)
-    return result
+            return checked_class(value, name, id(self),
+                                 lambda cls: defined_in(cls, self.user_ns))
+        return checked(value, name, id(self)) if callable(value) else value
 
 
 def arm(lab: str) -> str:
@@ -242,19 +189,6 @@ def _exec_cell(source: str, filename: str, namespace: dict[str, Any]) -> None:
             from IPython.display import display
 
             display(value)
-
-
-def _require_plain(result: Any, name: str) -> None:
-    """Tensors in what an answer returns must be torch.Tensor itself (or a Parameter)."""
-    if isinstance(result, torch.Tensor) and type(result) not in _PLAIN:
-        raise Tampering(f"{name} returned a {type(result).__qualname__}, a subclass of "
-                        f"torch.Tensor; return a plain torch.Tensor")
-    if isinstance(result, (list, tuple)):
-        for item in result:
-            _require_plain(item, name)
-    elif isinstance(result, dict):
-        for item in result.values():
-            _require_plain(item, name)
 
 
 def _listed(changed: list[str], most: int = 5) -> str:

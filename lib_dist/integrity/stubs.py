@@ -17,6 +17,7 @@ from typing import Any
 from ..extend import LABS
 
 GRADED_LAB = "LIB_DIST_GRADED_LAB"
+ORIGINAL = "__lib_dist_original__"  # on `oracles`' wrappers: the function each one guards
 
 
 class AskedToWrite(NotImplementedError):
@@ -39,8 +40,11 @@ def switch_off_references(lab: str) -> list[str]:
 
 
 def resolve(reference: str) -> types.FunctionType:
-    """The function named by "package.module:Qual.name"."""
+    """The function named by "package.module:Qual.name" (the one an oracle's guard wraps, where
+    `oracles` guards it: lib_dist's `DataParallel.__init__` is a reference and an oracle's)."""
     obj = lookup(reference)
+    while isinstance(getattr(obj, ORIGINAL, None), types.FunctionType):
+        obj = getattr(obj, ORIGINAL)
     if not isinstance(obj, types.FunctionType):
         raise TypeError(f"{reference} is a {type(obj).__name__}; a lab's references are "
                         f"functions or methods")
