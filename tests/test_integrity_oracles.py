@@ -98,6 +98,16 @@ SCRIPT = textwrap.dedent('''
         answer(lambda: optimizer.step(), "accumulated_step")()
     assert "SGD" in refused(answer(lambda: torch.optim.SGD.step(optimizer), "SGD.step"))  # AdamW
 
+    # a function oracle (a later lab's, say): rebound where it is defined
+    import lib_dist.losses
+    from lib_dist.extend import LABS, Lab
+    LABS["lab99_fake"] = Lab(("loss",), oracles=("lib_dist.losses:cross_entropy",))
+    guard_oracles("lab99_fake")
+    z, y = torch.zeros(2, 3), torch.tensor([0, 1])
+    assert abs(float(lib_dist.losses.cross_entropy(z, y)) - 1.0986) < 1e-4
+    assert "lib_dist.losses.cross_entropy is what" in refused(
+        answer(lambda: lib_dist.losses.cross_entropy(z, y), "loss"))
+
     # horovod's broadcast of parameters is switched off; the second switching-off (when the
     # guard arms) goes through the oracles' wrappers to lib_dist's own functions
     import lib_dist.horovod as hvd
