@@ -128,6 +128,8 @@ SCRIPT = textwrap.dedent('''
     guard = Guard("lab04_data_parallel", {})
     torch.optim.SGD([p], lr=0.1).step()  # torch's lazy patching was done before the snapshot
     assert guard.changes() == [], guard.changes()
+    hvd.init()  # lib_dist.horovod's own state, which a student may set up: not tampering
+    assert guard.changes() == [], guard.changes()
     DistributedSampler.__new__ = object.__new__
     assert "torch.utils.data.distributed.DistributedSampler.__new__" in guard.changes()
     print("all good")
