@@ -177,9 +177,10 @@ def test_lab04_cheats_score_zero(lab04, student):
         "delegates_to_torchs_sampler": [f"{asks} ShardSampler yourself: "
                                         "torch.utils.data.DistributedSampler is what the tests "
                                         "compare with, so your code may not use it"],
-        # hvd.init rebinds horovod's state in lib_dist: that alone fails every later test in
-        # the kernel (its broadcast_parameters, switched off, raises: tests/test_integrity_oracles)
-        "broadcasts_with_horovod": ["lib_dist.horovod.basics._state"],
+        # hvd.init is allowed (its state is not tampering); its broadcast_parameters is off
+        "broadcasts_with_horovod": ["lib_dist.horovod.objects.broadcast_parameters is "
+                                    "lib_dist's own version, switched off while the lab is "
+                                    "graded"],
     }[student]
     for text in expected:
         assert text in errors
