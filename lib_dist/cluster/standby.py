@@ -24,6 +24,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from typing import Any
 
 ENV = "LIB_DIST_STANDBY"
 ENGINE_HOST = "from lib_dist.cluster.forked_engines import main; main()"
@@ -88,23 +90,41 @@ def die_with_parent() -> None:
 
 
 def standby(kind: str, fd: int, kernel: int) -> None:
-    """Be the standby `kind`: import what it needs, wait for a claim, then run as claimed."""
+    """Be the standby `kind`: import what it needs, wait for a claim, then run as claimed.
+
+    The imports run on a thread of lower priority: on a machine with few cores they then take
+    what the kernel, on the critical path, leaves. The process itself keeps its priority, and
+    so do the engines it forks."""
     die_with_parent()
     if os.getppid() != kernel:
         return  # the kernel ended before we could ask to die with it
+    imported: dict[str, Any] = {}
+    importer = threading.Thread(target=_import_for, args=(kind, imported))
+    importer.start()
+    request = wait_for_claim(fd)
+    importer.join()
+    if request is not None:
+        imported["run"](request["argv"])
+
+
+def _import_for(kind: str, imported: dict[str, Any]) -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # this thread only
+    except (OSError, AttributeError):
+        pass
     if kind == "engines":
         import ipyparallel.engine.app  # noqa: F401 - what an engine host imports first
         import lib_dist.cluster.engine  # noqa: F401 - torch, torch.distributed, lib_dist.comm
-        from lib_dist.cluster.forked_engines import fork_engines as run
+        from lib_dist.cluster.forked_engines import fork_engines
+
+        imported["run"] = fork_engines
     else:
         from ipyparallel.controller.app import main
 
         def run(argv: list[str]) -> None:
             sys.argv = ["ipcontroller", *argv]
             main()
-    request = wait_for_claim(fd)
-    if request is not None:
-        run(request["argv"])
+        imported["run"] = run
 
 
 def start(kind: str, command: list[str]) -> str:
