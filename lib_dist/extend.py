@@ -98,12 +98,16 @@ class Lab:
         (`lib_dist.integrity.oracles`); the tests themselves use them freely.
     engines: whether the notebook starts a `lib_dist.cluster.Cluster` of local engines; the
         grader then starts their host with the kernel (`lib_dist.cluster.standby`).
+    engine_imports: modules that host imports ahead, once, rather than every engine on its
+        own, e.g. `torch._dynamo`, which building a first torch.optim optimizer imports (over
+        a CPU-second per process).
     """
 
     asks: tuple[str, ...]
     references: tuple[str, ...] = ()
     oracles: tuple[str, ...] = ()
     engines: bool = False
+    engine_imports: tuple[str, ...] = ()
 
 
 _COLLECTIVES = ("broadcast", "all_gather", "reduce_scatter", "all_reduce")
@@ -141,7 +145,7 @@ LABS: dict[str, Lab] = {
         oracles=("torch.nn.parallel:DistributedDataParallel",
                  "torch.utils.data:DistributedSampler", "lib_dist.data_parallel:DataParallel",
                  "lib_dist.data_parallel:ShardSampler"),
-        engines=True),
+        engines=True, engine_imports=("torch._dynamo",)),
 }
 
 __all__ = ["FALLBACK", "LABS", "Definitions", "Lab", "MissingDefinition", "definitions"]

@@ -5,6 +5,7 @@ claimed end with the kernel."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,18 +25,21 @@ with Cluster(2, timeout=30) as first:
     engine_host = [l.pid for l in first._ipp.engines.values()]
     controller = first._ipp.controller.pid
     parents = [__import__("psutil").Process(r["pid"]).ppid() for r in first.ranks]
+    preloaded = first.run(lambda comm: "wave" in __import__("sys").modules)
 with Cluster(2, timeout=30) as second:
     again = second.run(lambda comm: comm.rank)
     second_host = [l.pid for l in second._ipp.engines.values()]
 print(json.dumps(dict(pids=pids, ranks=ranks, again=again, engine_host=engine_host,
                       controller=controller, parents=parents, second_host=second_host,
-                      left=os.environ.get("LIB_DIST_STANDBY"))))
+                      left=os.environ.get("LIB_DIST_STANDBY"), preloaded=preloaded,
+                      kernel_env=os.environ.get("LIB_DIST_ENGINE_IMPORTS"))))
 '''
 
 
 def run_kernel(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, standby.__file__, "--", sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, standby.IMPORTS_ENV: "wave"})
 
 
 def test_first_cluster_takes_over_the_standbys_and_a_second_starts_its_own() -> None:
@@ -48,6 +52,8 @@ def test_first_cluster_takes_over_the_standbys_and_a_second_starts_its_own() -> 
     assert set(got["parents"]) == {got["pids"]["engines"]}  # engines forked from the standby
     assert got["second_host"] != got["engine_host"]
     assert got["left"] == ""  # both claimed: nothing for a later cluster to claim
+    assert got["preloaded"] == [True, True]  # the lab's engine_imports, imported by the host
+    assert got["kernel_env"] is None
 
 
 def test_unclaimed_standbys_end_with_the_kernel() -> None:
@@ -56,7 +62,7 @@ def test_unclaimed_standbys_end_with_the_kernel() -> None:
     for nap in ("0", "4"):  # before and after the standbys have imported what they need
         done = subprocess.run([sys.executable, standby.__file__, "--", sys.executable, "-c",
                                code], capture_output=True, text=True, timeout=60,
-                              env={**__import__("os").environ, "NAP": nap})
+                              env={**os.environ, "NAP": nap})
         entries = dict(item.split("=") for item in done.stdout.strip().split(","))
         pids = [int(entry.split(":")[0]) for entry in entries.values()]
         deadline = time.monotonic() + 10

@@ -20,6 +20,7 @@ graded kernel, torch with it) would delay the kernel it is there to speed up.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -28,6 +29,7 @@ import threading
 from typing import Any
 
 ENV = "LIB_DIST_STANDBY"
+IMPORTS_ENV = "LIB_DIST_ENGINE_IMPORTS"  # more modules for the engine host, comma-separated
 ENGINE_HOST = "from lib_dist.cluster.forked_engines import main; main()"
 KINDS = ("engines", "controller")
 
@@ -59,9 +61,7 @@ def wait_for_claim(fd: int) -> dict | None:
     os.close(fd)
     if not chunks:
         return None
-    request = json.loads(b"".join(chunks))
-    become_claimed(request)
-    return request
+    return json.loads(b"".join(chunks))
 
 
 def become_claimed(request: dict) -> None:
@@ -99,15 +99,17 @@ def standby(kind: str, fd: int, kernel: int) -> None:
     if os.getppid() != kernel:
         return  # the kernel ended before we could ask to die with it
     imported: dict[str, Any] = {}
-    importer = threading.Thread(target=_import_for, args=(kind, imported))
+    extra = [name for name in os.environ.pop(IMPORTS_ENV, "").split(",") if name]
+    importer = threading.Thread(target=_import_for, args=(kind, extra, imported))
     importer.start()
     request = wait_for_claim(fd)
     importer.join()
     if request is not None:
+        become_claimed(request)
         imported["run"](request["argv"])
 
 
-def _import_for(kind: str, imported: dict[str, Any]) -> None:
+def _import_for(kind: str, extra: list[str], imported: dict[str, Any]) -> None:
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # this thread only
     except (OSError, AttributeError):
@@ -117,6 +119,8 @@ def _import_for(kind: str, imported: dict[str, Any]) -> None:
         import lib_dist.cluster.engine  # noqa: F401 - torch, torch.distributed, lib_dist.comm
         from lib_dist.cluster.forked_engines import fork_engines
 
+        for name in extra:
+            importlib.import_module(name)  # once here, not once in every engine
         imported["run"] = fork_engines
     else:
         from ipyparallel.controller.app import main
@@ -149,6 +153,7 @@ def main() -> None:
         sys.exit(f"usage: python {__file__} -- KERNEL_CMD ...")
     os.environ[ENV] = ",".join(
         start(kind, [sys.executable, __file__, "--standby", kind]) for kind in KINDS)
+    os.environ.pop(IMPORTS_ENV, None)  # the engine host's business, not the kernel's
     os.execvp(command[0], command)
 
 
