@@ -136,8 +136,8 @@ def _with_engines_started(kernel_cmd: list[str]) -> list[str]:
     lab = LABS.get(os.environ.get("LIB_DIST_GRADED_LAB", ""))
     if lab is None or not lab.engines:
         return kernel_cmd
-    imports = ["env", f"{standby.IMPORTS_ENV}={','.join(lab.engine_imports)}"]
-    return [*imports, sys.executable, standby.__file__, "--", *kernel_cmd]
+    imports = [word for name in lab.engine_imports for word in ("--import", name)]
+    return [sys.executable, standby.__file__, *imports, "--", *kernel_cmd]
 
 
 def _other_labs_of_this_student(cwd: Path) -> list[Path]:

@@ -37,9 +37,9 @@ print(json.dumps(dict(pids=pids, ranks=ranks, again=again, engine_host=engine_ho
 
 
 def run_kernel(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, standby.__file__, "--", sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, standby.IMPORTS_ENV: "wave"})
+    return subprocess.run([sys.executable, standby.__file__, "--import", "wave", "--",
+                           sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_first_cluster_takes_over_the_standbys_and_a_second_starts_its_own() -> None:

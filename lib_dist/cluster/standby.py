@@ -5,13 +5,14 @@ An optimisation of the grader's start-up, not course material. A cluster needs a
 (`forked_engines`); started when the notebook asks for a cluster, those imports (well over a
 CPU-second) come after the kernel's. Run a kernel as
 
-    python path/to/lib_dist/cluster/standby.py -- KERNEL_CMD ...
+    python path/to/lib_dist/cluster/standby.py [--import MODULE ...] -- KERNEL_CMD ...
 
 and an engine host and a controller host start at once, in standby, importing while the
 kernel starts; the wrapper then becomes the kernel, with `LIB_DIST_STANDBY` naming each
 standby's pid and the pipe it listens on. The first local cluster the kernel starts claims
 them (`claim`, from `launchers`): a standby receives the command line, output file, directory
 and environment the launcher would have given a new process, and carries on as that process.
+`--import`: a module the engine host imports too, once, rather than every engine on its own.
 Unclaimed, a standby dies with the kernel (parent-death signal) or when its pipe closes.
 
 This file is run by path and imports only the standard library: importing `lib_dist` (in a
@@ -29,7 +30,6 @@ import threading
 from typing import Any
 
 ENV = "LIB_DIST_STANDBY"
-IMPORTS_ENV = "LIB_DIST_ENGINE_IMPORTS"  # more modules for the engine host, comma-separated
 ENGINE_HOST = "from lib_dist.cluster.forked_engines import main; main()"
 KINDS = ("engines", "controller")
 
@@ -89,7 +89,7 @@ def die_with_parent() -> None:
         pass
 
 
-def standby(kind: str, fd: int, kernel: int) -> None:
+def standby(kind: str, extra: list[str], fd: int, kernel: int) -> None:
     """Be the standby `kind`: import what it needs, wait for a claim, then run as claimed.
 
     The imports run on a thread of lower priority: on a machine with few cores they then take
@@ -99,7 +99,6 @@ def standby(kind: str, fd: int, kernel: int) -> None:
     if os.getppid() != kernel:
         return  # the kernel ended before we could ask to die with it
     imported: dict[str, Any] = {}
-    extra = [name for name in os.environ.pop(IMPORTS_ENV, "").split(",") if name]
     importer = threading.Thread(target=_import_for, args=(kind, extra, imported))
     importer.start()
     request = wait_for_claim(fd)
@@ -144,16 +143,21 @@ def start(kind: str, command: list[str]) -> str:
 def main() -> None:
     if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]  # run by path: this folder's modules must not shadow top-level ones
-    if sys.argv[1:2] == ["--standby"]:  # --standby KIND FD KERNEL_PID
-        standby(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    if sys.argv[1:2] == ["--standby"]:  # --standby KIND MODULE,... FD KERNEL_PID
+        kind, modules, fd, kernel = sys.argv[2:6]
+        standby(kind, [m for m in modules.split(",") if m], int(fd), int(kernel))
         return
-    command = sys.argv[1:]
+    command, imports = sys.argv[1:], []
+    while command[:1] == ["--import"] and len(command) > 1:
+        imports.append(command[1])
+        command = command[2:]
     command = command[1:] if command[:1] == ["--"] else command
     if not command:
-        sys.exit(f"usage: python {__file__} -- KERNEL_CMD ...")
+        sys.exit(f"usage: python {__file__} [--import MODULE ...] -- KERNEL_CMD ...")
+    imports_of = {"engines": ",".join(imports), "controller": ""}
     os.environ[ENV] = ",".join(
-        start(kind, [sys.executable, __file__, "--standby", kind]) for kind in KINDS)
-    os.environ.pop(IMPORTS_ENV, None)  # the engine host's business, not the kernel's
+        start(kind, [sys.executable, __file__, "--standby", kind, imports_of[kind]])
+        for kind in KINDS)
     os.execvp(command[0], command)
 
 

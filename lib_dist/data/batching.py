@@ -37,7 +37,7 @@ class ExampleBatches:
 
     @property
     def batches_per_epoch(self) -> int:
-        return len(self.x) // self.batch_size
+        return len(self._order) // self.batch_size
 
     def __iter__(self) -> ExampleBatches:
         return self
@@ -59,6 +59,7 @@ class ExampleBatches:
         self._order = self._permutation()
 
     def _permutation(self) -> torch.Tensor:
+        """The epoch's order of the examples (`self.epoch`'s): the batches take it in turn."""
         return torch.randperm(len(self.x), generator=_generator(self.seed, self.epoch))
 
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import torch
 
+from ..data.batching import ExampleBatches
 from .sampler import ShardSampler
 
-Batch = tuple[torch.Tensor, torch.Tensor]
 
-
-class ShardedBatches:
-    """Batches (x[idx], y[idx]) of `batch_size` indices of `sampler`'s shard, forever."""
+class ShardedBatches(ExampleBatches):
+    """Batches (x[idx], y[idx]) of `batch_size` indices of `sampler`'s shard, forever:
+    `ExampleBatches`, each epoch's order being the sampler's shard for that epoch."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int,
                  sampler: ShardSampler):
@@ -37,33 +37,16 @@ class ShardedBatches:
         if not isinstance(batch_size, int) or not 0 < batch_size <= len(sampler):
             raise ValueError(f"batch_size must be an integer in 1..{len(sampler)} (this rank's "
                              f"shard), got {batch_size!r}")
-        self.x, self.y, self.batch_size, self.sampler = x, y, batch_size, sampler
-        self.epoch, self.position = 0, 0
-        self._shard = self._indices()
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return len(self.sampler) // self.batch_size
-
-    def __iter__(self) -> ShardedBatches:
-        return self
-
-    def __next__(self) -> Batch:
-        if self.position == self.batches_per_epoch:
-            self.epoch, self.position = self.epoch + 1, 0
-            self._shard = self._indices()
-        start = self.position * self.batch_size
-        idx = self._shard[start:start + self.batch_size]
-        self.position += 1
-        return self.x[idx], self.y[idx]
+        self.sampler = sampler
+        super().__init__(x, y, batch_size, seed=sampler.seed)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = state["epoch"], state["position"]
-        self._shard = self._indices()
+        self._order = self._permutation()
 
-    def _indices(self) -> torch.Tensor:
+    def _permutation(self) -> torch.Tensor:
         self.sampler.set_epoch(self.epoch)
         return torch.tensor(list(self.sampler), dtype=torch.int64)
