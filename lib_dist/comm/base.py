@@ -14,7 +14,10 @@ this one among them). A rank owns a `Communicator` with:
   built here from point-to-point messages; a backend may replace them with native ones (the
   torch backend uses torch.distributed's). Labs replace them with the students' own;
 - `all_reduce_async(tensor, op)`: the all-reduce on a thread of the rank's, returning a
-  `Handle` at once, for overlapping communication with computation (`background`).
+  `Handle` at once, for overlapping communication with computation (`background`);
+- `compute(label, cost)`: a context manager around work the rank does, recorded in the trace
+  as a "compute" event; on a simulated world with a virtual clock it costs `cost` units
+  (`lib_dist.comm.clock`), elsewhere its wall time.
 
 Messages between a pair of ranks arrive in the order they were sent. Every completed
 operation is recorded in `trace` (see `lib_dist.comm.trace`).
@@ -72,7 +75,7 @@ class _TracedHandle(Handle):
     def __init__(self, comm: Communicator, inner: Handle, kind: str, peer: int, nbytes: int):
         self._comm, self._inner = comm, inner
         self._kind, self._peer, self._nbytes = kind, peer, nbytes
-        self._posted = (time.monotonic(), comm._completed)
+        self._posted = (time.monotonic(), comm._completed, comm.virtual_time())
         self._recorded = False
 
     def wait(self) -> None:
@@ -119,6 +122,24 @@ class Communicator(ABC):
     def barrier(self) -> None:
         with self._traced("barrier"):
             self.world_barrier()
+
+    @contextmanager
+    def compute(self, label: str, cost: float = 0.0) -> Iterator[None]:
+        """Record the block as work named `label`; on a virtual clock it takes `cost` units."""
+        start, vstart = time.monotonic(), self.virtual_time()
+        yield
+        self._advance_virtual(cost)
+        self.trace.record(Event(self.rank, "compute", -1, 0, start, time.monotonic(),
+                                seq=self._completed, after=self._completed, label=label,
+                                vstart=vstart, vend=self.virtual_time()))
+        self._completed += 1
+
+    def virtual_time(self) -> float | None:
+        """This rank's virtual time, or None where there is no virtual clock (real ranks)."""
+        return None
+
+    def _advance_virtual(self, cost: float) -> None:
+        """Move the virtual clock on by `cost` units of work (nothing without a clock)."""
 
     # -- collectives: simple, correct defaults over point-to-point ------------------------
 
@@ -201,11 +222,12 @@ class Communicator(ABC):
 
     @contextmanager
     def _traced(self, kind: str, peer: int = -1, nbytes: int = 0,
-                posted: tuple[float, int] | None = None) -> Iterator[None]:
+                posted: tuple[float, int, float | None] | None = None) -> Iterator[None]:
         """Mark this rank as waiting in the operation while the block runs; once it has
-        completed, record it in the trace. `posted`: (start, completions before it) when it
-        was posted earlier than it is waited for (isend, irecv)."""
-        start, after = posted or (time.monotonic(), self._completed)
+        completed, record it in the trace. `posted`: (start, completions before it, virtual
+        start) when it was posted earlier than it is waited for (isend, irecv)."""
+        start, after, vstart = posted or (time.monotonic(), self._completed,
+                                          self.virtual_time())
         self.waiting_in = (kind if peer < 0 else
                            f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}")
         try:
@@ -213,7 +235,8 @@ class Communicator(ABC):
         finally:
             self.waiting_in = None
         self.trace.record(Event(self.rank, kind, peer, nbytes, start, time.monotonic(),
-                                seq=self._completed, after=after))
+                                seq=self._completed, after=after, vstart=vstart,
+                                vend=self.virtual_time()))
         self._completed += 1
 
     def _check_peer(self, peer: int, op: str) -> None:

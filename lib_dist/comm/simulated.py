@@ -10,6 +10,9 @@ the world sees every rank at once, it tells a bug from slowness:
 - a send and receive that disagree on shape or dtype raise `MismatchError` on both ranks;
 - anything still waiting after `timeout` seconds raises `CommTimeout`.
 
+With `clock=VirtualClock(...)` every rank also keeps a virtual time (`lib_dist.comm.clock`),
+and every event of the trace carries it: timelines that are the same on every run.
+
     world = SimulatedWorld(4)
     results = world.run(my_algorithm, tensor_size)   # my_algorithm(comm, tensor_size)
     world.trace.summary()
@@ -28,6 +31,7 @@ import torch
 
 from ..errors import RankFailure
 from .base import Communicator, Handle
+from .clock import VirtualClock
 from .errors import CommError, CommTimeout, DeadlockError, MismatchError, PeerFailed
 from .trace import Trace
 
@@ -42,6 +46,8 @@ class _Op:
     error: CommError | None = None
     generation: int = 0  # barriers only
     state: _State | None = None  # the run it belongs to; `post` sets the world's current one
+    vposted: float = 0.0  # the poster's virtual time when it posted
+    vdone: float = 0.0  # the virtual time it completes at, once matched
 
     def describe(self) -> str:
         if self.kind == "barrier":
@@ -62,11 +68,13 @@ class _State:
 class SimulatedWorld:
     """N ranks as threads. `run(fn, *args)` calls `fn(comm, *args)` on every rank."""
 
-    def __init__(self, world_size: int, timeout: float = 10.0):
+    def __init__(self, world_size: int, timeout: float = 10.0,
+                 clock: VirtualClock | None = None):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
         self.world_size = world_size
         self.timeout = timeout
+        self.clock = clock
         self.trace = Trace()
         self._cond = threading.Condition()
         self._state = _State()
@@ -130,8 +138,9 @@ class SimulatedWorld:
                 op.generation = s.generation
                 s.barrier.append(op)
                 if len(s.barrier) == self.world_size:
+                    last = max(b.vposted for b in s.barrier)
                     for b in s.barrier:
-                        b.done = True
+                        b.done, b.vdone = True, last
                     s.barrier, s.generation = [], s.generation + 1
             else:
                 channel = (op.rank, op.peer) if op.kind == "send" else (op.peer, op.rank)
@@ -153,7 +162,10 @@ class SimulatedWorld:
             send.error = MismatchError(f"rank {send.rank}: send to rank {recv.rank}: {detail}")
             recv.error = MismatchError(f"rank {recv.rank}: recv from rank {send.rank}: {detail}")
         else:
-            b.copy_(a)
+            with torch.no_grad():
+                b.copy_(a)
+            cost = self.clock.message_cost(a.nbytes) if self.clock else 0.0
+            send.vdone = recv.vdone = max(send.vposted, recv.vposted) + cost
             send.done = recv.done = True
 
     def wait(self, op: _Op) -> None:
@@ -207,11 +219,12 @@ class SimulatedWorld:
 
 
 class _SimHandle(Handle):
-    def __init__(self, world: SimulatedWorld, op: _Op):
-        self._world, self._op = world, op
+    def __init__(self, comm: SimulatedCommunicator, op: _Op):
+        self._comm, self._op = comm, op
 
     def wait(self) -> None:
-        self._world.wait(self._op)
+        self._comm.world.wait(self._op)
+        self._comm._advance_to(self._op.vdone)
 
     def is_completed(self) -> bool:
         return self._op.done
@@ -224,18 +237,31 @@ class SimulatedCommunicator(Communicator):
         super().__init__(rank, world.world_size, "cpu", trace=world.trace)
         self.world = world
         self._state = world._state  # of the run this rank belongs to
+        self._vnow = 0.0
+
+    def virtual_time(self) -> float | None:
+        return self._vnow if self.world.clock is not None else None
+
+    def _advance_virtual(self, cost: float) -> None:
+        if cost < 0:
+            raise ValueError(f"rank {self.rank}: a compute cost must be >= 0, got {cost}")
+        self._vnow += cost
+
+    def _advance_to(self, when: float) -> None:
+        self._vnow = max(self._vnow, when)
 
     def _post(self, kind: str, peer: int, tensor: torch.Tensor | None = None) -> _Op:
-        return self.world.post(_Op(kind, self.rank, peer, tensor, state=self._state))
+        return self.world.post(_Op(kind, self.rank, peer, tensor, state=self._state,
+                                   vposted=self._vnow))
 
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
-        return _SimHandle(self.world, self._post("send", dst, tensor))
+        return _SimHandle(self, self._post("send", dst, tensor))
 
     def _post_recv(self, buffer: torch.Tensor, src: int) -> Handle:
-        return _SimHandle(self.world, self._post("recv", src, buffer))
+        return _SimHandle(self, self._post("recv", src, buffer))
 
     def world_barrier(self) -> None:
-        self.world.wait(self._post("barrier", -1))
+        _SimHandle(self, self._post("barrier", -1)).wait()
 
 
 def _describe(t: torch.Tensor) -> str:

@@ -30,6 +30,9 @@ class Event:
     `after` counts the operations this rank had completed before posting this one: the
     operation depends on those, and on nothing it posted later. `seq` orders completions.
     Times are `time.monotonic()` seconds, comparable between processes on one machine.
+    `vstart`/`vend` are the same on a simulated world's virtual clock (`lib_dist.comm.clock`),
+    None elsewhere. `kind` "compute" is work a rank declared (`Communicator.compute`), named
+    by `label` (e.g. "F3": the forward of micro-batch 3).
     """
 
     rank: int
@@ -40,6 +43,27 @@ class Event:
     end: float
     seq: int
     after: int
+    label: str = ""
+    vstart: float | None = None
+    vend: float | None = None
+
+    @property
+    def name(self) -> str:
+        """What a timeline shows: the label, else "send to 2", "recv from 1", "barrier"."""
+        if self.label:
+            return self.label
+        if self.kind in P2P_KINDS:
+            return f"{self.kind} {'to' if self.kind == 'send' else 'from'} {self.peer}"
+        return self.kind
+
+    def times(self, clock: str = "wall") -> tuple[float, float]:
+        """(start, end) on the wall clock or the virtual one."""
+        if clock == "wall":
+            return self.start, self.end
+        if self.vstart is None or self.vend is None:
+            raise ValueError(f"rank {self.rank}'s {self.name} has no virtual time: it was not "
+                             f"recorded by a SimulatedWorld with a clock")
+        return self.vstart, self.vend
 
 
 @dataclass(frozen=True)
@@ -183,24 +207,30 @@ class Trace:
                 end[(partner.rank, partner.seq)] = t
         return max(end.values(), default=0.0)
 
-    def to_chrome_trace(self, path: str | Path | None = None) -> dict:
-        """Chrome-trace JSON (open in Perfetto or chrome://tracing): one row per rank."""
-        t0 = min((e.start for e in self.events), default=0.0)
-        rows: list[dict[str, Any]] = [
-            {
-                "name": f"{e.kind} {'to' if e.kind == 'send' else 'from'} {e.peer}"
-                if e.kind in P2P_KINDS
-                else e.kind,
-                "cat": "p2p" if e.kind in P2P_KINDS else "collective",
+    def makespan(self, clock: str = "virtual") -> float:
+        """From the first start to the last end, on the virtual clock (or the wall's)."""
+        spans = [e.times(clock) for e in self.events]
+        return max((b for _, b in spans), default=0.0) - min((a for a, _ in spans), default=0.0)
+
+    def to_chrome_trace(self, path: str | Path | None = None, clock: str = "wall") -> dict:
+        """Chrome-trace JSON (open in Perfetto or chrome://tracing): one row per rank.
+        `clock="virtual"`: virtual times, one unit drawn as one millisecond."""
+        scale = 1e6 if clock == "wall" else 1e3
+        t0 = min((e.times(clock)[0] for e in self.events), default=0.0)
+        rows: list[dict[str, Any]] = []
+        for e in self.events:
+            start, end = e.times(clock)
+            rows.append({
+                "name": e.name,
+                "cat": ("p2p" if e.kind in P2P_KINDS else
+                        "compute" if e.kind == "compute" else "collective"),
                 "ph": "X",
                 "pid": 0,
                 "tid": e.rank,
-                "ts": (e.start - t0) * 1e6,
-                "dur": max((e.end - e.start) * 1e6, 0.001),
+                "ts": (start - t0) * scale,
+                "dur": max((end - start) * scale, 0.001),
                 "args": {"bytes": e.nbytes, "peer": e.peer},
-            }
-            for e in self.events
-        ]
+            })
         rows += [
             {"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
             for r in sorted({e.rank for e in self.events})
