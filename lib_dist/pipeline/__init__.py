@@ -23,6 +23,7 @@ from .schedules import SCHEDULES, Schedule, Step, gpipe, naive, one_f_one_b
 from .simulate import ScheduleDeadlock, simulate
 from .split import balanced_bounds, parameter_count, split_model
 from .stage import Stage, StepCosts
+from .torch_schedules import torch_schedule
 
 __all__ = [
     "SCHEDULES", "Embed", "Head", "Schedule", "ScheduleDeadlock", "Stage", "Step", "StepCosts",
@@ -30,5 +31,5 @@ __all__ = [
     "gpipe", "gpipe_step", "gpt_layers", "live_activations", "makespan", "micro_batches",
     "naive", "next_token_loss", "one_f_one_b", "one_f_one_b_step", "parameter_count", "peak_live",
     "recv_backward", "recv_forward", "run_schedule", "send_backward", "send_forward", "simulate",
-    "split_model",
+    "split_model", "torch_schedule",
 ]
