@@ -70,6 +70,17 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   is graded, `Buckets` included, and with it `lib_dist.horovod`'s `DistributedOptimizer`; so
   are `lib_dist.horovod`'s `broadcast_parameters` and `broadcast_optimizer_state`.
   `benchmarks/data_parallel.py` times the instructor's `DataParallel`.
+- lab05_pipeline, on `comm.isend`/`recv` and the given `lib_dist.pipeline.Stage`:
+  `split_model(layers, p, costs=None) -> list[nn.Sequential]` (consecutive, non-empty,
+  minimising the largest stage cost, parameter counts by default); `send_forward(comm, stage,
+  activation)` / `send_backward(comm, stage, grad)` (an `isend` to the next / previous stage,
+  returning its handle, None at the pipeline's end) and `recv_forward(comm, stage,
+  micro_batch_size)` / `recv_backward(...)` (into `stage.receive_buffer`); `gpipe_step(comm,
+  stage, inputs, targets, m)` and `one_f_one_b_step(...)`, one training step returning the mean
+  loss on the last stage (None elsewhere) and leaving one process's gradients. lib_dist's
+  versions, and its schedules (`gpipe`, `one_f_one_b`, `naive`, `run_schedule`), are in
+  `lib_dist.pipeline` and are switched off while the lab is graded;
+  `benchmarks/pipeline.py` times lib_dist's steps against `torch.distributed.pipelining`.
 
 Reusing definitions
 -------------------
@@ -146,6 +157,14 @@ LABS: dict[str, Lab] = {
                  "torch.utils.data:DistributedSampler", "lib_dist.data_parallel:DataParallel",
                  "lib_dist.data_parallel:ShardSampler"),
         engines=True, engine_imports=("torch._dynamo",)),
+    "lab05_pipeline": Lab(
+        ("split_model", "send_forward", "recv_forward", "send_backward", "recv_backward",
+         "gpipe_step", "one_f_one_b_step"),
+        tuple(f"lib_dist.pipeline:{name}" for name in (
+            "split_model", "balanced_bounds", "send_forward", "recv_forward", "send_backward",
+            "recv_backward", "run_schedule", "gpipe_step", "one_f_one_b_step", "gpipe",
+            "one_f_one_b", "naive")),
+        engines=True),
 }
 
 __all__ = ["FALLBACK", "LABS", "Definitions", "Lab", "MissingDefinition", "definitions"]

@@ -52,7 +52,8 @@ def plot_trace(trace: Trace, clock: str = "virtual", ax: Any = None, title: str 
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in reversed(ranks)])
     ax.set_ylim(-0.6, len(ranks) - 0.4)
     ax.set_xlabel("virtual time (units)" if clock == "virtual" else "milliseconds")
-    kinds = sorted({e.label[:1] for e in events if e.kind == "compute"})
+    kinds = sorted({e.label[:1] for e in events if e.kind == "compute"},
+                   key=lambda k: ("FBIW".find(k) % 5, k))
     names = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weights)"}
     handles = [Patch(color=COLORS.get(k, OTHER), label=names.get(k, k)) for k in kinds]
     handles.append(Patch(color="0.7", label="waiting to receive"))

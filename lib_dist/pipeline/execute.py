@@ -48,7 +48,7 @@ def run_schedule(comm: Communicator, stage: Stage, steps: Sequence[Step],
             else:
                 sends.append(send_forward(comm, stage, out))
         elif step.kind == "B":
-            grad = torch.tensor(1.0 / m) if stage.is_last else recv_backward(comm, stage, size)
+            grad = 1.0 / m if stage.is_last else recv_backward(comm, stage, size)
             sends.append(send_backward(comm, stage, stage.backward(j, grad)))
         else:
             raise ValueError(f"run_schedule runs forward (F) and backward (B) steps, not "

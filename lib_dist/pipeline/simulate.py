@@ -92,11 +92,14 @@ def _check_complete(schedule: Schedule, stages: int) -> None:
 
 def _describe_wait(schedule: Schedule, nxt: list[int], done: dict[Step, float],
                    stages: int, has_split: bool) -> str:
+    owner = stages_of(schedule)
     lines = []
     for rank, steps in enumerate(schedule):
         if nxt[rank] < len(steps):
             step = steps[nxt[rank]]
-            missing = [d for d in dependencies(step, stages, has_split) if d not in done]
-            lines.append(f"  rank {rank}: {step.label(True)} waits for "
-                         f"{', '.join(d.label(True) for d in missing)}")
+            missing = [f"{d.label()} of stage {d.stage}"
+                       + (f" (rank {owner[d.stage]})" if d.stage in owner else " (on no rank)")
+                       for d in dependencies(step, stages, has_split) if d not in done]
+            lines.append(f"  rank {rank}: {step.label()} of stage {step.stage} waits for "
+                         f"{', '.join(missing)}")
     return "the schedule deadlocks; every rank waits:\n" + "\n".join(lines)

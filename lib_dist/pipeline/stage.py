@@ -5,7 +5,7 @@ own, so the stage keeps what each micro-batch's backward will need (its input an
 with autograd's graph between them) until that backward runs:
 
     out = stage.forward(j, x)            # the activation to send on (the loss, on the last)
-    grad_x = stage.backward(j, grad)     # grad of out; on the last stage, the loss's weight
+    grad_x = stage.backward(j, grad)     # grad of out; on the last stage, the loss's weight 1/m
 
 Both run inside `comm.compute("F3", cost)` / `comm.compute("B3", cost)`: on a simulated world
 with a virtual clock a forward costs `costs.forward` units and a backward `costs.backward`,
@@ -92,7 +92,8 @@ class Stage:
         self.peak_live = max(self.peak_live, self.live)
         return out.detach()
 
-    def backward(self, micro_batch: int, grad: torch.Tensor | None) -> torch.Tensor | None:
+    def backward(self, micro_batch: int, grad: torch.Tensor | float | None
+                 ) -> torch.Tensor | None:
         """Backpropagate micro-batch `micro_batch` from the gradient of its output (on the
         last stage: the weight of its loss in the step's loss, 1/m for a mean over m
         micro-batches), adding into the parameters' `.grad`, and free its activations.
@@ -103,6 +104,8 @@ class Stage:
         out = self._outputs.pop(micro_batch)
         x = self._inputs.pop(micro_batch, None)
         with self.comm.compute(f"B{micro_batch}", self.costs.backward):
+            if isinstance(grad, (int, float)):  # a loss's weight, in the loss's own precision
+                grad = torch.tensor(float(grad), dtype=out.dtype, device=out.device)
             if grad is not None:
                 grad = grad.to(out.dtype).reshape(out.shape)
             torch.autograd.backward(out, grad)
