@@ -78,7 +78,8 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   micro_batch_size)` / `recv_backward(...)` (into `stage.receive_buffer`); `gpipe_step(comm,
   stage, inputs, targets, m)` and `one_f_one_b_step(...)`, one training step returning the mean
   loss on the last stage (None elsewhere) and leaving one process's gradients. lib_dist's
-  versions, and its schedules (`gpipe`, `one_f_one_b`, `naive`, `run_schedule`), are in
+  versions, and its schedules (`gpipe`, `one_f_one_b`, `naive`, `torch_schedule`,
+  `run_schedule`), are in
   `lib_dist.pipeline` and are switched off while the lab is graded;
   `benchmarks/pipeline.py` times lib_dist's steps against `torch.distributed.pipelining`.
 
@@ -163,7 +164,7 @@ LABS: dict[str, Lab] = {
         tuple(f"lib_dist.pipeline:{name}" for name in (
             "split_model", "balanced_bounds", "send_forward", "recv_forward", "send_backward",
             "recv_backward", "run_schedule", "gpipe_step", "one_f_one_b_step", "gpipe",
-            "one_f_one_b", "naive")),
+            "one_f_one_b", "naive", "torch_schedule")),
         engines=True),
 }
 
