@@ -43,15 +43,15 @@ def bubble_fraction(trace: Trace, clock: str = "virtual") -> float:
 
 def live_activations(trace: Trace, rank: int) -> list[int]:
     """After each of `rank`'s steps, how many micro-batches' activations it holds: a forward
-    keeps them, a backward (or, when split, the weight-gradient step "W") frees them."""
+    keeps them, a backward frees them; a backward split in two frees them with its second
+    half, the weight-gradient step "W" (the input-gradient step "I" still needs them)."""
     held: set[str] = set()
     counts = []
-    split = any(e.label.startswith("W") for e in compute_events(trace, rank))
     for e in compute_events(trace, rank):
         kind, key = e.label[:1], e.label[1:]
         if kind == "F":
             held.add(key)
-        elif kind == "W" or (kind == "B" and not split):
+        elif kind in ("B", "W"):
             held.discard(key)
         counts.append(len(held))
     return counts

@@ -27,14 +27,15 @@ class ScheduleDeadlock(ValueError):
     """Every rank's next step waits for a step that cannot run first."""
 
 
-def dependencies(step: Step, stages: int, has_split: bool) -> list[Step]:
-    """The steps `step` must wait for (see the module docstring)."""
+def dependencies(step: Step, stages: int, present: set[Step]) -> list[Step]:
+    """The steps `step` must wait for (see the module docstring); `present`: the schedule's
+    steps, which say whether the next stage splits this micro-batch's backward."""
     j, s = step.micro_batch, step.stage
-    backward = "I" if has_split else "B"
     if step.kind == "F":
         return [Step("F", j, s - 1)] if s > 0 else []
     if step.kind in ("B", "I"):
-        return [Step("F", j, s)] + ([Step(backward, j, s + 1)] if s < stages - 1 else [])
+        after = Step("I", j, s + 1) if Step("I", j, s + 1) in present else Step("B", j, s + 1)
+        return [Step("F", j, s)] + ([after] if s < stages - 1 else [])
     return [Step("I", j, s)]  # W
 
 
@@ -49,7 +50,7 @@ def simulate(schedule: Schedule, costs: Mapping[str, float] | None = None,
     stages = max(owner) + 1 if owner else 0
     _check_complete(schedule, stages)
     several = any(len({s.stage for s in steps}) > 1 for steps in schedule)
-    has_split = any(s.kind in ("I", "W") for steps in schedule for s in steps)
+    present = {s for steps in schedule for s in steps}
     done: dict[Step, float] = {}
     free = [0.0] * len(schedule)
     nxt = [0] * len(schedule)
@@ -59,7 +60,7 @@ def simulate(schedule: Schedule, costs: Mapping[str, float] | None = None,
         for rank, steps in enumerate(schedule):
             while nxt[rank] < len(steps):
                 step = steps[nxt[rank]]
-                deps = dependencies(step, stages, has_split)
+                deps = dependencies(step, stages, present)
                 if any(d not in done for d in deps):
                     break
                 start = max([free[rank]] + [done[d] + (message if owner[d.stage] != rank else 0.0)
@@ -72,7 +73,7 @@ def simulate(schedule: Schedule, costs: Mapping[str, float] | None = None,
                 nxt[rank] += 1
                 progressed = True
         if not progressed:
-            raise ScheduleDeadlock(_describe_wait(schedule, nxt, done, stages, has_split))
+            raise ScheduleDeadlock(_describe_wait(schedule, nxt, done, stages, present))
     return trace
 
 
@@ -85,13 +86,15 @@ def _check_complete(schedule: Schedule, stages: int) -> None:
                 raise ValueError(f"rank {rank} runs {step} twice")
             seen.add(step)
     for step in seen:
-        if step.kind == "F" and not ({Step("B", step.micro_batch, step.stage),
-                                      Step("I", step.micro_batch, step.stage)} & seen):
+        j, s = step.micro_batch, step.stage
+        if step.kind == "F" and not {Step("B", j, s), Step("I", j, s)} & seen:
             raise ValueError(f"{step} has no backward in the schedule")
+        if step.kind == "I" and Step("W", j, s) not in seen:
+            raise ValueError(f"{step} has no weight-gradient step W in the schedule")
 
 
 def _describe_wait(schedule: Schedule, nxt: list[int], done: dict[Step, float],
-                   stages: int, has_split: bool) -> str:
+                   stages: int, present: set[Step]) -> str:
     owner = stages_of(schedule)
     lines = []
     for rank, steps in enumerate(schedule):
@@ -99,7 +102,7 @@ def _describe_wait(schedule: Schedule, nxt: list[int], done: dict[Step, float],
             step = steps[nxt[rank]]
             missing = [f"{d.label()} of stage {d.stage}"
                        + (f" (rank {owner[d.stage]})" if d.stage in owner else " (on no rank)")
-                       for d in dependencies(step, stages, has_split) if d not in done]
+                       for d in dependencies(step, stages, present) if d not in done]
             lines.append(f"  rank {rank}: {step.label()} of stage {step.stage} waits for "
                          f"{', '.join(missing)}")
     return "the schedule deadlocks; every rank waits:\n" + "\n".join(lines)
