@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lib_dist.pipeline import (ScheduleDeadlock, Step, bubble_fraction, formula_bubble,
+from lib_dist.pipeline import (Step, bubble_fraction, formula_bubble,
                                formula_makespan, gpipe, makespan, one_f_one_b, peak_live,
                                simulate, torch_schedule)
 from lib_dist.pipeline.schedules import stages_of
