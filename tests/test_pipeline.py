@@ -166,3 +166,13 @@ def test_a_stage_refuses_steps_out_of_order():
     assert SimulatedWorld(1).run(misuse) == [1]
     with pytest.raises(RankFailure, match="give it loss_fn"):
         SimulatedWorld(1).run(lambda comm: Stage(nn.Identity(), comm, boundary_shape=(1,)))
+
+
+def test_ranks_building_their_layers_at_once_all_get_the_same_model():
+    """gpt_layers seeds torch's global generator, which simulated ranks (threads) share."""
+    want = [p for layer in gpt_layers(CONFIG, seed=3) for p in layer.parameters()]
+    for _ in range(3):
+        for got in SimulatedWorld(4).run(
+                lambda comm: [p for layer in gpt_layers(CONFIG, seed=3)
+                              for p in layer.parameters()]):
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

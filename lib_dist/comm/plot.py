@@ -37,12 +37,14 @@ def plot_trace(trace: Trace, clock: str = "virtual", ax: Any = None, title: str 
     scale = 1e3 if clock == "wall" else 1.0
     if ax is None:
         _, ax = plt.subplots(figsize=(11, 0.8 + 0.55 * len(ranks)))
+    waited = False
     for e in events:
         row = len(ranks) - 1 - ranks.index(e.rank)  # the lowest rank on top
         start, end = ((t - t0) * scale for t in e.times(clock))
         if e.kind != "compute":
             if end > start:
                 ax.broken_barh([(start, end - start)], (row - 0.42, 0.1), facecolors="0.7")
+                waited = True
             continue
         color = COLORS.get(e.label[:1], OTHER)
         ax.broken_barh([(start, end - start)], (row - 0.3, 0.6), facecolors=color,
@@ -56,7 +58,8 @@ def plot_trace(trace: Trace, clock: str = "virtual", ax: Any = None, title: str 
                    key=lambda k: ("FBIW".find(k) % 5, k))
     names = {"F": "forward", "B": "backward", "I": "backward (input)", "W": "backward (weights)"}
     handles = [Patch(color=COLORS.get(k, OTHER), label=names.get(k, k)) for k in kinds]
-    handles.append(Patch(color="0.7", label="waiting to receive"))
+    if waited:
+        handles.append(Patch(color="0.7", label="waiting to receive"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)

@@ -12,6 +12,8 @@ first and last stage every step, as Megatron-LM does).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -45,16 +47,21 @@ class Head(nn.Module):
         return self.head(self.ln_f(x))
 
 
+_BUILDING = threading.Lock()  # simulated ranks are threads: one seeded build at a time
+
+
 def gpt_layers(config: GPTConfig, seed: int = 0) -> list[nn.Module]:
-    """[Embed, Block x n_layer, Head], initialised as `GPT(config)` is under `seed`."""
+    """[Embed, Block x n_layer, Head], initialised as `GPT(config)` is under `seed`. The build
+    seeds torch's global generator (restoring it after); concurrent calls, such as the ranks
+    of a `SimulatedWorld` each building its layers, take turns, so each gets the same model."""
     if config.dropout:
         raise ValueError("pipelined layers are compared with one process: use dropout=0")
-    with torch.random.fork_rng():
+    with _BUILDING, torch.random.fork_rng():  # Head's own Linear draws from it too
         torch.manual_seed(seed)
         gpt = GPT(config)
-    blocks: list[nn.Module] = list(gpt.blocks)
-    assert all(isinstance(b, Block) for b in blocks)
-    return [Embed(gpt), *blocks, Head(gpt)]
+        blocks: list[nn.Module] = list(gpt.blocks)
+        assert all(isinstance(b, Block) for b in blocks)
+        return [Embed(gpt), *blocks, Head(gpt)]
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
