@@ -158,14 +158,15 @@ LAB02_CHEATS = {
 
 
 def grade(tmp_path_factory, lab, cheats, solution=True):
-    """Grade the solution (unless not `solution`) and each cheat once; (course,
-    {student: cell scores})."""
+    """Grade the solution (unless not `solution`), the untouched release (student "release")
+    and each cheat once; (course, {student: cell scores})."""
     root = tmp_path_factory.mktemp(lab)
     course = course_with_lab(root, lab)
     solved = synthetic.solved(course, lab)
     folder = root / "incoming"
     if solution:
         synthetic.save(solved, folder, "solution", lab)
+    synthetic.save(synthetic.blank(course, lab), folder, "release", lab)
     for student, (cells, _) in cheats.items():
         nb = solved
         for grade_id, source in cells.items():
@@ -212,8 +213,20 @@ def lab03(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lab02(tmp_path_factory):
-    # The solution's 300-step GPT run is left to `grader check`: here, the cheat alone.
+    # The solution's 300-step GPT run is graded by test_grader's check test: here, the cheat.
     return grade(tmp_path_factory, LAB02, LAB02_CHEATS, solution=False)
+
+
+def check_blank_release(graded):
+    """The untouched release scores 0 on every graded cell: no test passes without an answer
+    (what `grader check` checks; lab00's is in test_grader)."""
+    _, scores = graded
+    assert scores["release"] and not any(scores["release"].values()), scores["release"]
+
+
+@pytest.mark.parametrize("lab", ["lab01", "lab02", "lab03"])
+def test_the_blank_release_scores_zero(lab, request):
+    check_blank_release(request.getfixturevalue(lab))
 
 
 def check_cheat(graded, lab, cheats, student):

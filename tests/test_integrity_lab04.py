@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from grader.course import REPO
-from test_integrity import check_cheat, code, grade
+from test_integrity import check_blank_release, check_cheat, code, grade
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -198,3 +198,7 @@ def test_sending_a_tensor_to_the_engines_changes_nothing_the_guard_watches():
     pickle.dumps([torch.ones(2), torch.nn.Parameter(torch.zeros(1))])
     assert "__slotnames__" in vars(torch.Tensor)
     assert snapshot.changes() == []
+
+
+def test_the_blank_release_scores_zero(lab04):
+    check_blank_release(lab04)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_integrity import check_cheat, code, grade
+from test_integrity import check_blank_release, check_cheat, code, grade
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -64,3 +64,7 @@ def test_lab05_cheats_score_zero(lab05, student):
     }[student]
     for text in expected:
         assert text in errors
+
+
+def test_the_blank_release_scores_zero(lab05):
+    check_blank_release(lab05)
