@@ -3,7 +3,7 @@ gets wrong and no others: each micro-batch's loss summed instead of averaged fai
 gradients and keeps the clock and the messages; GPipe's order submitted as 1F1B keeps the
 gradients and fails the live-activation bound; 1F1B with p - 1 warm-up forwards on every rank
 keeps the gradients and fails the makespan; a greedy split fails Q1 only; a loss broadcast from
-the last stage fails the messages; a schedule whose stages all receive first fails in seconds,
+the last stage fails the messages; a schedule whose stages all receive first fails as a deadlock,
 naming every rank and what it waits for.
 
 They run the lab's own checks, loaded from solutions/ with `definitions`, on the instructor's
@@ -12,7 +12,6 @@ solution and on variants of it (`grader check` runs the whole notebook, its 4 en
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -137,7 +136,7 @@ def test_broadcasting_the_loss_from_the_last_stage_fails_the_messages_only():
         ns["check_messages"](gpipe_step, 3, 2)
 
 
-def test_stages_that_all_receive_first_fail_in_seconds_naming_every_rank():
+def test_stages_that_all_receive_first_fail_as_a_deadlock_naming_every_rank():
     ns = lab_checks()
     forward_step = ns["forward_step"]
 
@@ -147,10 +146,8 @@ def test_stages_that_all_receive_first_fail_in_seconds_naming_every_rank():
         forward_step(comm, stage, j, xs, ys, sends, losses)
 
     ns["forward_step"] = backward_first
-    started = time.monotonic()
     with pytest.raises(AssertionError) as info:
         ns["check_gradients"](ns["gpipe_step"], 3, 2)
-    assert time.monotonic() - started < 5
     message = str(info.value)
     assert "DeadlockError" in message
     for rank, peer in [(0, 1), (1, 2), (2, 1)]:

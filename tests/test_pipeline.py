@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import itertools
 import random
-import time
 
 import pytest
 import torch
@@ -139,11 +138,10 @@ def receive_first(comm):
         recv_forward(comm, stage, 1)
 
 
-def test_a_schedule_that_deadlocks_fails_in_seconds_naming_every_rank():
-    started = time.monotonic()
+def test_a_schedule_that_deadlocks_is_found_out_naming_every_rank():
+    # a DeadlockError, raised once every rank waits, never the 30 s timeout's CommTimeout
     with pytest.raises(RankFailure) as info:
         SimulatedWorld(4, timeout=30).run(receive_first)
-    assert time.monotonic() - started < 5
     assert sorted(info.value.exceptions) == [0, 1, 2, 3]
     message = str(info.value.exceptions[2])
     assert isinstance(info.value.exceptions[2], DeadlockError)

@@ -207,11 +207,6 @@ class Trace:
                 end[(partner.rank, partner.seq)] = t
         return max(end.values(), default=0.0)
 
-    def makespan(self, clock: str = "virtual") -> float:
-        """From the first start to the last end, on the virtual clock (or the wall's)."""
-        spans = [e.times(clock) for e in self.events]
-        return max((b for _, b in spans), default=0.0) - min((a for a, _ in spans), default=0.0)
-
     def to_chrome_trace(self, path: str | Path | None = None, clock: str = "wall") -> dict:
         """Chrome-trace JSON (open in Perfetto or chrome://tracing): one row per rank.
         `clock="virtual"`: virtual times, one unit drawn as one millisecond."""
