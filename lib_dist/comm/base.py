@@ -20,7 +20,8 @@ this one among them). A rank owns a `Communicator` with:
   (`lib_dist.comm.clock`), elsewhere its wall time.
 
 Messages between a pair of ranks arrive in the order they were sent. Every completed
-operation is recorded in `trace` (see `lib_dist.comm.trace`).
+operation is recorded in `trace` (see `lib_dist.comm.trace`): a collective as one event of its
+name, after the messages it was built from (none on a backend with native collectives).
 
 Backends implement `_post_send`, `_post_recv` and `world_barrier`, nothing else. What the
 all-reduce algorithms need of a rank is less than a communicator: `PointToPoint`.
@@ -146,10 +147,11 @@ class Communicator(ABC):
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Copy `src`'s tensor into `tensor` on every rank, in place; returns it."""
         self._check_peer(src, "broadcast")
-        if self.rank == src:
-            wait_all([self.isend(tensor, dst) for dst in self._others()])
-        else:
-            self.recv(tensor, src)
+        with self._traced("broadcast", nbytes=tensor.nbytes):
+            if self.rank == src:
+                wait_all([self.isend(tensor, dst) for dst in self._others()])
+            else:
+                self.recv(tensor, src)
         return tensor
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
@@ -159,7 +161,8 @@ class Communicator(ABC):
 
         _check_op(op, tensor)
         self._check_tensor(tensor, "all_reduce")
-        gather_broadcast(self, tensor)
+        with self._traced("all_reduce", nbytes=tensor.nbytes):
+            gather_broadcast(self, tensor)
         if op == "avg":
             tensor /= self.world_size
         return tensor
@@ -181,9 +184,10 @@ class Communicator(ABC):
         """Every rank's `tensor` (same shape and dtype everywhere), as a list indexed by rank."""
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         out[self.rank].copy_(tensor)
-        handles = [self.isend(tensor, dst) for dst in self._others()]
-        handles += [self.irecv(out[src], src) for src in self._others()]
-        wait_all(handles)
+        with self._traced("all_gather", nbytes=tensor.nbytes):
+            handles = [self.isend(tensor, dst) for dst in self._others()]
+            handles += [self.irecv(out[src], src) for src in self._others()]
+            wait_all(handles)
         return out
 
     def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
@@ -194,10 +198,11 @@ class Communicator(ABC):
         lo, hi = bounds[self.rank]
         mine = flat[lo:hi].clone()
         buffers = [torch.empty_like(mine) for _ in self._others()]
-        handles = [self.isend(flat[a:b].contiguous(), dst)
-                   for dst, (a, b) in enumerate(bounds) if dst != self.rank]
-        handles += [self.irecv(b, src) for b, src in zip(buffers, self._others())]
-        wait_all(handles)
+        with self._traced("reduce_scatter", nbytes=flat.nbytes):
+            handles = [self.isend(flat[a:b].contiguous(), dst)
+                       for dst, (a, b) in enumerate(bounds) if dst != self.rank]
+            handles += [self.irecv(b, src) for b, src in zip(buffers, self._others())]
+            wait_all(handles)
         for b in buffers:
             mine += b
         if op == "avg":
@@ -228,12 +233,12 @@ class Communicator(ABC):
         start) when it was posted earlier than it is waited for (isend, irecv)."""
         start, after, vstart = posted or (time.monotonic(), self._completed,
                                           self.virtual_time())
-        self.waiting_in = (kind if peer < 0 else
-                           f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}")
+        outer, self.waiting_in = self.waiting_in, (
+            kind if peer < 0 else f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}")
         try:
             yield
         finally:
-            self.waiting_in = None
+            self.waiting_in = outer  # a collective's messages report themselves, then it
         self.trace.record(Event(self.rank, kind, peer, nbytes, start, time.monotonic(),
                                 seq=self._completed, after=after, vstart=vstart,
                                 vend=self.virtual_time()))
