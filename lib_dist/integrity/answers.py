@@ -69,11 +69,27 @@ def defined_in(cls: type, namespace: dict[str, Any]) -> bool:
 
 
 def refusing(message: str) -> Callable[..., Any]:
-    """A stand-in for an answer that is not taken: calling it raises AskedToWrite(message)."""
-    def refused(*args: Any, **kwargs: Any) -> Any:
-        raise AskedToWrite(message)
+    """A stand-in for an answer that is not taken: calling it, or reading any attribute of it
+    (a class's `apply`, its `__name__`), raises AskedToWrite(message)."""
+    return Refused(message)
 
-    return refused
+
+class Refused:
+    """See `refusing`."""
+
+    def __init__(self, message: str):
+        object.__setattr__(self, "_message", message)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise AskedToWrite(self._message)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name not in ("__name__", "__qualname__"):
+            raise AttributeError(name)  # what pickling and copying look for
+        raise AskedToWrite(self._message)
+
+    def __repr__(self) -> str:
+        return f"<refused: {self._message}>"
 
 
 class Resumed:

@@ -140,6 +140,10 @@ class Guard:
         if oracle:
             return refusing(f"{self.lab_name} asks you to write {name} yourself: yours is "
                             f"{oracle}, or builds on it, and the tests compare with it")
+        if isinstance(value, type) and value.__module__.split(".")[0] == "lib_dist":
+            # wrapped in place, lib_dist's class would look tampered with to every later check
+            return refusing(f"{self.lab_name} asks you to write {name} yourself: yours is "
+                            f"{value.__module__}.{value.__qualname__}, lib_dist's own")
         if isinstance(value, type):
             return checked_class(value, name, id(self),
                                  lambda cls: defined_in(cls, self.user_ns))
