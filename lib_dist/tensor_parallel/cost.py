@@ -59,6 +59,8 @@ def block_params(config: GPTConfig) -> tuple[int, int]:
 def layout(config: GPTConfig, tp: int, pp: int, dp: int, bytes_per_param: int = 16) -> Layout:
     """The fullest rank of a tp x pp x dp layout of `config`, with `bytes_per_param` bytes of
     weights, gradients and optimizer state per parameter (16: mixed-precision Adam)."""
+    if min(tp, pp, dp) < 1:
+        raise ValueError(f"tp, pp and dp must be at least 1, got {tp}, {pp}, {dp}")
     if config.n_head % tp:
         raise ValueError(f"tp={tp} must divide n_head ({config.n_head})")
     if pp > config.n_layer:

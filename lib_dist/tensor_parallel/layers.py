@@ -59,7 +59,11 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(copy_to_ranks(x, self.comm), self.weight, self.bias)
-        return gather_from_ranks(y, self.comm) if self.gather_output else y
+        if not self.gather_output:
+            return y
+        y = gather_from_ranks(y, self.comm)  # rank by rank: each rank's chunk of every part
+        ranks, width = self.comm.world_size, y.shape[-1] // (self.comm.world_size * self.parts)
+        return y.unflatten(-1, (ranks, self.parts, width)).transpose(-3, -2).flatten(-3)
 
 
 class RowParallelLinear(nn.Module):
