@@ -82,6 +82,20 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   `run_schedule`), are in
   `lib_dist.pipeline` and are switched off while the lab is graded;
   `benchmarks/pipeline.py` times lib_dist's steps against `torch.distributed.pipelining`.
+- lab06_tensor_parallel, on `comm.all_reduce` and `comm.all_gather`: `CopyToRanks` and
+  `ReduceFromRanks`, `torch.autograd.Function`s called as `Op.apply(x, comm)` (f: identity
+  forward, all-reduce backward; g: the converse); `ColumnParallelLinear(linear, comm,
+  gather_output=False)` and `RowParallelLinear(linear, comm)`, `nn.Module`s keeping this rank's
+  block of a full `nn.Linear`'s rows / columns as `weight` and `bias` (a row-parallel bias
+  whole, added after the all-reduce); `ParallelMLP(mlp, comm)` (`fc`, `proj`) and
+  `ParallelAttention(attn, comm)` (`qkv` holding this rank's heads' query, key and value
+  rows, `proj`, `n_head`) from module 02's `FeedForward` and `CausalSelfAttention`;
+  `vocab_parallel_cross_entropy(logits, target, comm, ignore_index=-100)`, the mean
+  cross-entropy from this rank's (N, V/tp) slice of the logits. lib_dist's versions are in
+  `lib_dist.tensor_parallel` and are switched off while the lab is graded; torch's own plans
+  (`parallelize_module`, `ColwiseParallel`, `RowwiseParallel`), which the tests compare with,
+  refuse to run inside the student's code. `benchmarks/tensor_parallel.py` times lib_dist's
+  blocks against torch's.
 
 Reusing definitions
 -------------------
@@ -165,6 +179,26 @@ LABS: dict[str, Lab] = {
             "split_model", "balanced_bounds", "send_forward", "recv_forward", "send_backward",
             "recv_backward", "run_schedule", "gpipe_step", "one_f_one_b_step", "gpipe",
             "one_f_one_b", "naive", "torch_schedule")),
+        engines=True),
+    "lab06_tensor_parallel": Lab(
+        ("CopyToRanks", "ReduceFromRanks", "ColumnParallelLinear", "RowParallelLinear",
+         "ParallelMLP", "ParallelAttention", "vocab_parallel_cross_entropy"),
+        (*(f"lib_dist.tensor_parallel:{cls}.{method}" for cls in (
+            "CopyToRanks", "ReduceFromRanks", "GatherFromRanks", "VocabParallelCrossEntropy")
+           for method in ("forward", "backward")),
+         *(f"lib_dist.tensor_parallel:{cls}.{method}" for cls in (
+             "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
+             "ParallelBlock", "VocabParallelEmbedding", "TensorParallelGPT")
+           for method in ("__init__", "forward")),
+         *(f"lib_dist.tensor_parallel:{name}" for name in (
+             "copy_to_ranks", "reduce_from_ranks", "gather_from_ranks", "shard",
+             "vocab_parallel_cross_entropy"))),
+        oracles=("torch.distributed.tensor.parallel:ColwiseParallel",
+                 "torch.distributed.tensor.parallel:RowwiseParallel",
+                 "torch.distributed.tensor.parallel:parallelize_module",
+                 "torch.distributed.tensor.parallel.api:parallelize_module",
+                 "lib_dist.tensor_parallel.dtensor:torch_parallel_mlp",
+                 "lib_dist.tensor_parallel.dtensor:torch_parallel_attention"),
         engines=True),
 }
 

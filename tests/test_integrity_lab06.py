@@ -1,0 +1,92 @@
+"""Lab 6 cannot be passed with lib_dist's tensor parallelism or torch's: a submission that
+imports lib_dist's answers, and one whose MLP is torch's `parallelize_module` plan, graded for
+real in the sandbox, score 0 on the questions they take that way and keep the points of what
+they wrote, while the solution keeps full marks and the untouched release scores 0 (see
+tests/test_integrity.py for labs 01-03)."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_integrity import check_blank_release, check_cheat, code, grade
+
+pytestmark = pytest.mark.timeout(900)
+
+LAB06 = "lab06_tensor_parallel"
+
+LAB06_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
+    "imports_lib_dist": ({
+        "q1-solution": "from lib_dist.tensor_parallel import CopyToRanks, ReduceFromRanks\n",
+        "q2-column-solution": "from lib_dist.tensor_parallel import ColumnParallelLinear\n",
+        "q2-row-solution": "from lib_dist.tensor_parallel import RowParallelLinear\n",
+        "q3-solution": "from lib_dist.tensor_parallel import ParallelAttention, ParallelMLP\n",
+        "q4-solution": "from lib_dist.tensor_parallel import vocab_parallel_cross_entropy\n"},
+        "all"),
+    "plans_with_torch": ({"q3-solution": code("""
+        def ParallelMLP(mlp, comm):  # torch's plan does the work
+            import copy
+
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                           parallelize_module)
+
+            plan = {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
+            mesh = init_device_mesh("cpu", (comm.world_size,))
+            return parallelize_module(copy.deepcopy(mlp), mesh, plan)
+
+        class ParallelAttention(nn.Module):
+            def __init__(self, attn, comm):
+                super().__init__()
+                tp = comm.world_size
+                if attn.n_head % tp:
+                    raise ValueError(f"{attn.n_head} heads do not split evenly over {tp} ranks")
+                self.n_head = attn.n_head // tp
+                width = attn.proj.in_features
+                order = torch.arange(3 * width).view(3, tp, width // tp).transpose(0, 1)
+                regrouped = nn.Linear(width, 3 * width, dtype=attn.qkv.weight.dtype)
+                with torch.no_grad():
+                    regrouped.weight.copy_(attn.qkv.weight[order.reshape(-1)])
+                    regrouped.bias.copy_(attn.qkv.bias[order.reshape(-1)])
+                self.qkv = ColumnParallelLinear(regrouped, comm)
+                self.proj = RowParallelLinear(attn.proj, comm)
+                self.register_buffer("causal", attn.causal.clone(), persistent=False)
+
+            def forward(self, x):
+                B, T, _ = x.shape
+                q, k, v = self.qkv(x).chunk(3, dim=2)
+                width = q.shape[2]
+                q, k, v = (t.view(B, T, self.n_head, width // self.n_head).transpose(1, 2)
+                           for t in (q, k, v))
+                scores = (q @ k.transpose(-2, -1)) / (k.shape[-1] ** 0.5)
+                scores = scores.masked_fill(~self.causal[:T, :T], float("-inf"))
+                y = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, width)
+                return self.proj(y)
+        """)}, {"q3-test-mlp", "q3-test-collectives", "q5-test-cluster"}),
+}
+
+
+@pytest.fixture(scope="module")
+def lab06(tmp_path_factory):
+    return grade(tmp_path_factory, LAB06, LAB06_CHEATS)
+
+
+@pytest.mark.parametrize("student", sorted(LAB06_CHEATS))
+def test_lab06_cheats_score_zero(lab06, student):
+    errors = check_cheat(lab06, LAB06, LAB06_CHEATS, student)
+    off = "is lib_dist's own version, switched off while the lab is graded"
+    expected = {
+        "imports_lib_dist": [
+            "lab06_tensor_parallel asks you to write CopyToRanks yourself: yours is "
+            "lib_dist.tensor_parallel.functions.CopyToRanks, lib_dist's own",
+            "asks you to write ColumnParallelLinear yourself: yours is "
+            "lib_dist.tensor_parallel.layers.ColumnParallelLinear, lib_dist's own",
+            f"lib_dist.tensor_parallel.vocab_parallel_cross_entropy {off}"],
+        "plans_with_torch": ["torch.distributed.tensor.parallel.ColwiseParallel is what the "
+                             "tests compare with"],
+    }[student]
+    for text in expected:
+        assert text in errors
+
+
+def test_the_blank_release_scores_zero(lab06):
+    check_blank_release(lab06)
