@@ -5,7 +5,9 @@
 # `make TORCH=torch`, or keep an already-installed torch with `make TORCH=`.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
-PYTEST_ARGS ?=
+# Two workers, one per core (CI has two): the suite waits on processes much of the time.
+# A test file stays on one worker, with its module-scoped clusters and gradings.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 VENV := .venv
 VPY := $(VENV)/bin/python
 VPIP := $(VENV)/bin/pip

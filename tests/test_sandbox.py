@@ -12,10 +12,9 @@ import sqlite3
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 
-from conftest import course_with_lab
+from conftest import course_with_lab, running
 from grader import synthetic
 from grader.cli import main as cli
 from grader.course import REPO, Course
@@ -150,9 +149,7 @@ def test_a_detached_process_does_not_survive(hostile):
     course, _ = hostile
     assert total(course, "daemon") == FULL
     assert "SPAWNED" in q1_output(course, "daemon")
-    sleepers = [p for p in psutil.process_iter(["cmdline"])
-                if (p.info["cmdline"] or [])[:2] == ["sleep", "1000"]]
-    assert sleepers == []
+    assert running(lambda cmdline: cmdline[:2] == ["sleep", "1000"]) == []
 
 
 def test_too_much_memory_fails_that_cell_with_a_memory_limit_message(hostile):
@@ -223,6 +220,5 @@ def test_without_bubblewrap_the_grader_refuses_unless_told(tmp_path, monkeypatch
     monkeypatch.undo()
     assert cli(["--root", str(tmp_path), "--no-sandbox", "autograde", str(folder)]) == 0
     assert "1 stray processes ended" in capsys.readouterr().out  # the subreaper's sweep
-    assert [p for p in psutil.process_iter(["cmdline"])
-            if (p.info["cmdline"] or [])[:2] == ["sleep", "1000"]] == []
+    assert running(lambda cmdline: cmdline[:2] == ["sleep", "1000"]) == []
 
