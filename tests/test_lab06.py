@@ -1,6 +1,7 @@
 """Lab 6's tests catch what they promise, and each typical mistake costs the points of what it
 gets wrong and no others: the row-parallel bias added before the all-reduce (counted tp times)
-fails the row layer and the blocks built on it, and keeps the counts of collectives; f without
+fails the row layer and the blocks built on it (the collectives' point too, which takes
+correct values first), while its collectives are still one all-reduce each way; f without
 its backward all-reduce fails the values; g reducing its input in place fails the count test's
 "input untouched"; a column layer that keeps every row fails the shapes; attention that splits
 the fused query/key/value weight without regrouping it by heads is right on one rank only; a
