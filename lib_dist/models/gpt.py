@@ -50,15 +50,27 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("causal", mask, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+        C = x.shape[2]
         q, k, v = self.qkv(x).split(C, dim=2)
-        # (B, T, C) -> (B, n_head, T, head_size): each head attends independently
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])
-        scores = scores.masked_fill(~self.causal[:T, :T], float("-inf"))
-        weights = self.attn_dropout(F.softmax(scores, dim=-1))
-        y = (weights @ v).transpose(1, 2).reshape(B, T, C)
+        y = causal_attention(q, k, v, C // self.n_head, self.causal, self.attn_dropout)
         return self.resid_dropout(self.proj(y))
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_size: int,
+                     causal: torch.Tensor, dropout: nn.Module | None = None) -> torch.Tensor:
+    """Heads of `head_size` side by side in q, k, v (B, T, heads x head_size): each head's
+    position t attends to its own keys and values at positions 0..t (`causal`: the mask);
+    the heads' outputs side by side again. Tensor-parallel attention calls it with its
+    rank's heads only."""
+    B, T, width = q.shape
+    # (B, T, width) -> (B, heads, T, head_size): each head attends independently
+    q, k, v = (t.view(B, T, width // head_size, head_size).transpose(1, 2) for t in (q, k, v))
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(head_size)
+    scores = scores.masked_fill(~causal[:T, :T], float("-inf"))
+    weights = F.softmax(scores, dim=-1)
+    if dropout is not None:
+        weights = dropout(weights)
+    return (weights @ v).transpose(1, 2).reshape(B, T, width)
 
 
 class FeedForward(nn.Module):

@@ -10,14 +10,13 @@ attends with its own queries, keys and values only, so no rank needs another's.
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..comm import Communicator
-from ..models.gpt import Block, CausalSelfAttention, FeedForward
+from ..models.gpt import Block, CausalSelfAttention, FeedForward, causal_attention
 from .layers import ColumnParallelLinear, RowParallelLinear
 
 
@@ -53,20 +52,14 @@ class ParallelAttention(nn.Module):
                              f"{comm.world_size} ranks; choose n_head divisible by the "
                              f"tensor-parallel size {comm.world_size}")
         self.n_head = attn.n_head // comm.world_size  # this rank's heads
+        self.head_size = attn.proj.in_features // attn.n_head
         self.qkv = ColumnParallelLinear(attn.qkv, comm, parts=3)
         self.proj = RowParallelLinear(attn.proj, comm)
         self.register_buffer("causal", attn.causal.clone(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x).chunk(3, dim=2)
-        width = q.shape[2]  # this rank's heads times the head size
-        q, k, v = (t.view(B, T, self.n_head, width // self.n_head).transpose(1, 2)
-                   for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])
-        scores = scores.masked_fill(~self.causal[:T, :T], float("-inf"))
-        y = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, width)
-        return self.proj(y)
+        q, k, v = self.qkv(x).chunk(3, dim=2)  # this rank's heads of each
+        return self.proj(causal_attention(q, k, v, self.head_size, self.causal))
 
 
 class ParallelBlock(nn.Module):

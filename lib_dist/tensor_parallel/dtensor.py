@@ -14,16 +14,14 @@ split across q, k and v, not across heads), so `SplitQKVAttention` unfuses
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from torch.nn import functional as F
 
-from ..models.gpt import CausalSelfAttention, FeedForward
+from ..models.gpt import CausalSelfAttention, FeedForward, causal_attention
 
 
 def device_mesh(world_size: int, device: torch.device | str = "cpu") -> DeviceMesh:
@@ -51,14 +49,9 @@ class SplitQKVAttention(nn.Module):
         self.register_buffer("causal", attn.causal.clone(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        # Sharded, q(x) holds this rank's heads only: -1 heads counts them.
-        q, k, v = (p(x).view(B, T, -1, self.head_size).transpose(1, 2)
-                   for p in (self.q, self.k, self.v))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_size)
-        scores = scores.masked_fill(~self.causal[:T, :T], float("-inf"))
-        y = (F.softmax(scores, dim=-1) @ v).transpose(1, 2)
-        return self.proj(y.reshape(B, T, -1))
+        # Sharded, q(x) holds this rank's heads only
+        y = causal_attention(self.q(x), self.k(x), self.v(x), self.head_size, self.causal)
+        return self.proj(y)
 
 
 def torch_parallel_mlp(mlp: FeedForward, mesh: DeviceMesh) -> nn.Module:
