@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import time
 from pathlib import Path
@@ -38,6 +37,8 @@ import torch
 from lib_dist.cluster import Cluster
 from lib_dist.comm.algorithms import gather_broadcast
 from lib_dist.extend import definitions
+
+from rounds import interleaved  # benchmarks/rounds.py, beside this script
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = REPO / "solutions" / "lab03_collectives" / "lab03_collectives.ipynb"
@@ -88,17 +89,7 @@ def measure(comm, nbytes: int, rounds: int, ring_all_reduce) -> dict[str, list[f
         call()
         if not torch.equal(x, torch.full_like(x, float(comm.world_size))):
             raise AssertionError(f"{name} gave a wrong sum on rank {comm.rank}")
-    seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for i in range(rounds):
-        order = list(VARIANTS)
-        random.Random(i).shuffle(order)
-        for name in order:
-            dist.barrier()
-            start = time.perf_counter()
-            calls[name]()
-            seconds[name].append(time.perf_counter() - start)
-        comm.trace.clear()  # the ring's messages: not needed, and many
-    return seconds
+    return interleaved(comm, {name: calls[name] for name in VARIANTS}, rounds)[0]
 
 
 def sweep(cluster: Cluster, sizes: list[int], budget: float, ring) -> dict:

@@ -40,8 +40,8 @@ C++ reducer has nothing to send, that hand-off is what lib_dist's step costs ove
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import random
 import statistics
 import time
 from pathlib import Path
@@ -50,6 +50,8 @@ import torch
 
 from lib_dist.cluster import Cluster
 from lib_dist.extend import definitions
+
+from rounds import interleaved  # benchmarks/rounds.py, beside this script
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = REPO / "solutions" / "lab04_data_parallel" / "lab04_data_parallel.ipynb"
@@ -111,18 +113,8 @@ def measure(comm, variants: tuple[str, ...], rounds: int, steps: int, batch: int
     for run in runs.values():  # warm up: first-call allocations, the tuner, autograd's caches
         for _ in range(2):
             run(x, y)
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
-    for i in range(rounds):
-        order = list(variants)
-        random.Random(i).shuffle(order)
-        for name in order:
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(steps):
-                runs[name](x, y)
-            seconds[name].append((time.perf_counter() - start) / steps)
-        comm.trace.clear()
-    return seconds
+    calls = {name: functools.partial(run, x, y) for name, run in runs.items()}
+    return interleaved(comm, calls, rounds, steps)[0]
 
 
 def run_cluster(n: int, variants: tuple[str, ...], args, lab_data_parallel) -> dict:

@@ -51,9 +51,9 @@ p - r micro-batches, GPipe's all m, in both frameworks.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import random
 import statistics
 import time
 from pathlib import Path
@@ -61,6 +61,8 @@ from pathlib import Path
 import torch
 
 from lib_dist.cluster import Cluster
+
+from rounds import interleaved  # benchmarks/rounds.py, beside this script
 
 OUT = Path(__file__).resolve().parent / "out"
 PIPELINES = ("torch GPipe", "torch 1F1B", "lib_dist GPipe", "lib_dist 1F1B", "torch 1F1B again")
@@ -192,19 +194,8 @@ def measure(comm, rounds: int, steps: int, batch: int, threads: int) -> dict:
         assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6)
                    for a, b in zip(g, grads["torch GPipe"])), \
             f"rank {comm.rank}: {name}'s gradients differ from torch GPipe's by {errors[name]}"
-    seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for i in range(rounds):
-        order = list(VARIANTS)
-        random.Random(i).shuffle(order)
-        for name in order:
-            dist.barrier()
-            start, cpu_start = time.perf_counter(), time.process_time()
-            for _ in range(steps):
-                runs[name](x, y)
-            seconds[name].append((time.perf_counter() - start) / steps)
-            cpu[name].append((time.process_time() - cpu_start) / steps)
-        comm.trace.clear()
+    seconds, cpu = interleaved(
+        comm, {name: functools.partial(runs[name], x, y) for name in VARIANTS}, rounds, steps)
     peak_live = {name: stage.peak_live for name, (_, stage) in made.items() if stage}
     return {"seconds": seconds, "cpu": cpu, "peak_bytes": peak_bytes, "peak_live": peak_live,
             "grad_error": max(errors.values()),

@@ -49,9 +49,9 @@ the noise of a loaded machine.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import random
 import statistics
 import time
 from pathlib import Path
@@ -59,6 +59,8 @@ from pathlib import Path
 import torch
 
 from lib_dist.cluster import Cluster
+
+from rounds import interleaved  # benchmarks/rounds.py, beside this script
 
 OUT = Path(__file__).resolve().parent / "out"
 KINDS = ("mlp", "attn")
@@ -107,8 +109,6 @@ def local_grads(module: torch.nn.Module, kind: str) -> list[torch.Tensor]:
 def measure(comm, rounds: int, steps: int, batch: int, seq: int, threads: int) -> dict:
     """This rank's seconds and CPU seconds per step by job ("mlp torch", "comm native", ...)
     and round, and the largest difference of any variant's results from torch's."""
-    import torch.distributed as dist
-
     from lib_dist.models.gpt import Block, GPTConfig
     from lib_dist.tensor_parallel.dtensor import device_mesh
 
@@ -154,19 +154,8 @@ def measure(comm, rounds: int, steps: int, batch: int, seq: int, threads: int) -
     jobs = [(k, v) for k in KINDS for v in VARIANTS] + [("comm", v) for v in COMM]
     for kind, name in jobs:  # warm up: DTensor's sharding caches, first-call allocations
         step(kind, name)
-    seconds: dict[str, list[float]] = {f"{k} {v}": [] for k, v in jobs}
-    cpu: dict[str, list[float]] = {f"{k} {v}": [] for k, v in jobs}
-    for i in range(rounds):
-        order = list(jobs)
-        random.Random(i).shuffle(order)
-        for kind, name in order:
-            dist.barrier()
-            start, cpu_start = time.perf_counter(), time.process_time()
-            for _ in range(steps):
-                step(kind, name)
-            seconds[f"{kind} {name}"].append((time.perf_counter() - start) / steps)
-            cpu[f"{kind} {name}"].append((time.process_time() - cpu_start) / steps)
-        comm.trace.clear()
+    seconds, cpu = interleaved(
+        comm, {f"{k} {v}": functools.partial(step, k, v) for k, v in jobs}, rounds, steps)
     comm.all_reduce_algorithm = default
     return {"seconds": seconds, "cpu": cpu, "grad_error": max(errors.values()),
             "auto": comm.choose_all_reduce(x.nbytes), "all_reduce_bytes": x.nbytes}

@@ -1,0 +1,45 @@
+"""How every benchmark here times its variants on a cluster's ranks: interleaved rounds.
+
+In each round every variant runs `steps` times, in an order shuffled per round (the same on
+every rank: the calls are collective), each from a barrier, so that none always follows the
+same predecessor and machine noise falls on all alike. Each rank returns its seconds and CPU
+seconds per step, round by round; the caller takes the slowest rank's and the median.
+
+The benchmarks send their measuring functions to the engines by value (cloudpickle): this
+module goes with them, as it is not importable there.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from typing import Any, Callable
+
+import cloudpickle
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+Times = dict[str, list[float]]
+
+
+def interleaved(comm: Any, calls: dict[str, Callable[[], object]], rounds: int,
+                steps: int = 1) -> tuple[Times, Times]:
+    """(seconds, CPU seconds) per step of each call, by round; `comm`'s trace is cleared after
+    each round (the timed calls' messages are not needed, and many)."""
+    import torch.distributed as dist
+
+    seconds: Times = {name: [] for name in calls}
+    cpu: Times = {name: [] for name in calls}
+    for i in range(rounds):
+        order = list(calls)
+        random.Random(i).shuffle(order)
+        for name in order:
+            dist.barrier()
+            start, cpu_start = time.perf_counter(), time.process_time()
+            for _ in range(steps):
+                calls[name]()
+            seconds[name].append((time.perf_counter() - start) / steps)
+            cpu[name].append((time.process_time() - cpu_start) / steps)
+        comm.trace.clear()
+    return seconds, cpu
