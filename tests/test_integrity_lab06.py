@@ -6,13 +6,38 @@ tests/test_integrity.py for labs 01-03)."""
 
 from __future__ import annotations
 
+import nbformat
 import pytest
 
+from grader.course import REPO
+from grader.synthetic import MARKERS
 from test_integrity import check_blank_release, check_cheat, code, grade
 
 pytestmark = pytest.mark.timeout(900)
 
 LAB06 = "lab06_tensor_parallel"
+
+
+def solution_source(grade_id: str) -> str:
+    """The instructor's answer in the cell `grade_id`, as a student would hand it in."""
+    nb = nbformat.read(REPO / "solutions" / LAB06 / f"{LAB06}.ipynb", as_version=4)
+    return next(MARKERS.sub("", c.source) for c in nb.cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+Q3 = solution_source("q3-solution")  # ParallelMLP, then ParallelAttention
+TORCH_MLP = code("""
+    def ParallelMLP(mlp, comm):  # torch's plan does the work
+        import copy
+
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+
+        plan = {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
+        mesh = init_device_mesh("cpu", (comm.world_size,))
+        return parallelize_module(copy.deepcopy(mlp), mesh, plan)
+    """) + "\n\n"
 
 LAB06_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
     "imports_lib_dist": ({
@@ -22,46 +47,9 @@ LAB06_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
         "q3-solution": "from lib_dist.tensor_parallel import ParallelAttention, ParallelMLP\n",
         "q4-solution": "from lib_dist.tensor_parallel import vocab_parallel_cross_entropy\n"},
         "all"),
-    "plans_with_torch": ({"q3-solution": code("""
-        def ParallelMLP(mlp, comm):  # torch's plan does the work
-            import copy
-
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                           parallelize_module)
-
-            plan = {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
-            mesh = init_device_mesh("cpu", (comm.world_size,))
-            return parallelize_module(copy.deepcopy(mlp), mesh, plan)
-
-        class ParallelAttention(nn.Module):
-            def __init__(self, attn, comm):
-                super().__init__()
-                tp = comm.world_size
-                if attn.n_head % tp:
-                    raise ValueError(f"{attn.n_head} heads do not split evenly over {tp} ranks")
-                self.n_head = attn.n_head // tp
-                width = attn.proj.in_features
-                order = torch.arange(3 * width).view(3, tp, width // tp).transpose(0, 1)
-                regrouped = nn.Linear(width, 3 * width, dtype=attn.qkv.weight.dtype)
-                with torch.no_grad():
-                    regrouped.weight.copy_(attn.qkv.weight[order.reshape(-1)])
-                    regrouped.bias.copy_(attn.qkv.bias[order.reshape(-1)])
-                self.qkv = ColumnParallelLinear(regrouped, comm)
-                self.proj = RowParallelLinear(attn.proj, comm)
-                self.register_buffer("causal", attn.causal.clone(), persistent=False)
-
-            def forward(self, x):
-                B, T, _ = x.shape
-                q, k, v = self.qkv(x).chunk(3, dim=2)
-                width = q.shape[2]
-                q, k, v = (t.view(B, T, self.n_head, width // self.n_head).transpose(1, 2)
-                           for t in (q, k, v))
-                scores = (q @ k.transpose(-2, -1)) / (k.shape[-1] ** 0.5)
-                scores = scores.masked_fill(~self.causal[:T, :T], float("-inf"))
-                y = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, width)
-                return self.proj(y)
-        """)}, {"q3-test-mlp", "q3-test-collectives", "q5-test-cluster"}),
+    # the solution's ParallelAttention, kept: its points stay
+    "plans_with_torch": ({"q3-solution": TORCH_MLP + Q3[Q3.index("class ParallelAttention"):]},
+                         {"q3-test-mlp", "q3-test-collectives", "q5-test-cluster"}),
 }
 
 
