@@ -119,6 +119,58 @@ def gpipe_step(comm, stage, inputs, targets, m):
         # the bias added before the sum: every rank adds it, so the sum holds it tp times
         return ReduceFromRanks.apply(F.linear(x, self.weight, self.bias), self.comm)
 '''),
+    "lab07_mixed_precision": ("q1-solution", '''class LossScaler:
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000):
+        self._scale = torch.tensor(float(init_scale))
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval = growth_interval
+        self.clean_steps = 0
+        self.found, self.stepped = {}, set()
+
+    def scale(self, loss):
+        return loss * self._scale
+
+    def unscale_(self, optimizer):
+        if id(optimizer) in self.found:
+            raise RuntimeError("unscale_() called twice")
+        inv_scale = self._scale.double().reciprocal().float()
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found = found or not torch.isfinite(p.grad).all().item()
+                    p.grad.mul_(inv_scale)
+        self.found[id(optimizer)] = self._any_rank(found)
+
+    def _any_rank(self, found):
+        return found
+
+    def step(self, optimizer):
+        if id(optimizer) not in self.found:
+            self.unscale_(optimizer)
+        self.stepped.add(id(optimizer))
+        return None if self.found[id(optimizer)] else optimizer.step()
+
+    def update(self):
+        if any(self.found.values()):
+            self._scale *= self.backoff_factor  # the count of clean steps is not restarted
+        else:
+            self.clean_steps += 1
+            if self.clean_steps == self.growth_interval:
+                self._scale *= self.growth_factor
+                self.clean_steps = 0
+        self.found.clear()
+        self.stepped.clear()
+
+    def get_scale(self):
+        return self._scale.item()
+
+    def state_dict(self):
+        return {"scale": self.get_scale(), "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
+                "_growth_tracker": self.clean_steps}
+'''),
 }
 
 

@@ -96,6 +96,21 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   (`parallelize_module`, `ColwiseParallel`, `RowwiseParallel`), which the tests compare with,
   refuse to run inside the student's code. `benchmarks/tensor_parallel.py` times lib_dist's
   blocks against torch's.
+- lab07_mixed_precision: `LossScaler(init_scale=2.0**16, growth_factor=2.0,
+  backoff_factor=0.5, growth_interval=2000)` with `scale`, `unscale_`, `step`, `update`,
+  `get_scale`, `state_dict`, making `torch.amp.GradScaler`'s decisions (skipped steps, scale
+  sequence) and unscaling half-precision gradients too; `MasterWeights(params,
+  optimizer_class, **hyperparameters)`, an optimizer over fp32 copies of the parameters
+  (`param_groups`, `step`, `zero_grad`); `DistributedLossScaler(comm, **scaler_arguments)`,
+  whose ranks skip together (one all-reduce of a flag); `ZeroOptimizer(params, comm,
+  optimizer_class, **hyperparameters)`, ZeRO stage 1 on `comm.reduce_scatter` and
+  `comm.all_gather` (`shard`, `optimizer`, `reduce_gradients`, `step`, `param_groups`,
+  `zero_grad`). lib_dist's versions are in `lib_dist.mixed_precision` and are switched off
+  while the lab is graded; `GradScaler`, its private kernels (`torch._amp_update_scale_`,
+  `torch._amp_foreach_non_finite_check_and_unscale_`) and
+  `torch.distributed.optim.ZeroRedundancyOptimizer`, which the tests compare with, refuse to
+  run inside the student's code. `benchmarks/mixed_precision.py` times lib_dist's scaler
+  against GradScaler and its ZeRO optimizer against data parallel.
 
 Reusing definitions
 -------------------
@@ -199,6 +214,21 @@ LABS: dict[str, Lab] = {
                  "torch.distributed.tensor.parallel.api:parallelize_module",
                  "lib_dist.tensor_parallel.dtensor:torch_parallel_mlp",
                  "lib_dist.tensor_parallel.dtensor:torch_parallel_attention"),
+        engines=True),
+    "lab07_mixed_precision": Lab(
+        ("LossScaler", "MasterWeights", "DistributedLossScaler", "ZeroOptimizer"),
+        (*(f"lib_dist.mixed_precision:LossScaler.{method}" for method in (
+            "__init__", "scale", "unscale_", "agree", "step", "update", "get_scale",
+            "state_dict", "load_state_dict")),
+         *(f"lib_dist.mixed_precision:MasterWeights.{method}" for method in (
+             "__init__", "zero_grad", "step", "state_dict", "load_state_dict")),
+         "lib_dist.mixed_precision:DistributedLossScaler.__init__",
+         "lib_dist.mixed_precision:DistributedLossScaler.agree",
+         *(f"lib_dist.mixed_precision:ZeroOptimizer.{method}" for method in (
+             "__init__", "reduce_gradients", "step", "zero_grad"))),
+        oracles=("torch.amp:GradScaler", "torch.amp.grad_scaler:GradScaler",
+                 "torch:_amp_update_scale_", "torch:_amp_foreach_non_finite_check_and_unscale_",
+                 "torch.distributed.optim:ZeroRedundancyOptimizer"),
         engines=True),
 }
 
