@@ -47,7 +47,7 @@ class LossScaler:
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss times the current scale: call `.backward()` on this."""
-        return loss * self._scale.to(loss.device, loss.dtype)
+        return loss * self._scale.to(loss.device)  # not cast to fp16 first: 2**16 is inf there
 
     def unscale_(self, optimizer: Any) -> None:
         """Divide the gradients of `optimizer`'s parameters by the scale, in place, and record
@@ -62,7 +62,7 @@ class LossScaler:
         found = False
         for grad in gradients(optimizer):
             found |= not bool(torch.isfinite(grad).all())
-            grad.mul_(inv_scale.to(grad.dtype))
+            grad.mul_(inv_scale.to(grad.device))  # the product in fp32, rounded once
         self._found_inf[id(optimizer)] = self.agree(found)
         self._stages[id(optimizer)] = _UNSCALED
 
@@ -89,11 +89,12 @@ class LossScaler:
         this iteration's findings."""
         if not self._found_inf:
             raise RuntimeError("update() needs unscale_() or step() on some optimizer first")
+        # As GradScaler's kernel: the float32 scale times the factor in double, rounded once.
         if any(self._found_inf.values()):
-            self._scale.mul_(self.backoff_factor)
+            self._scale.copy_(self._scale.double() * self.backoff_factor)
             self._growth_tracker = 0
         elif self._growth_tracker + 1 == self.growth_interval:
-            grown = self._scale * self.growth_factor
+            grown = (self._scale.double() * self.growth_factor).float()
             if torch.isfinite(grown):
                 self._scale.copy_(grown)
             self._growth_tracker = 0
