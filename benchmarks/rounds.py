@@ -12,6 +12,7 @@ module goes with them, as it is not importable there.
 from __future__ import annotations
 
 import random
+import statistics
 import sys
 import time
 from typing import Any, Callable
@@ -43,3 +44,8 @@ def interleaved(comm: Any, calls: dict[str, Callable[[], object]], rounds: int,
             cpu[name].append((time.process_time() - cpu_start) / steps)
         comm.trace.clear()
     return seconds, cpu
+
+
+def median_ratio(times: dict[str, list[float]], name: str, base: str) -> float:
+    """The median over rounds of `name`'s time over `base`'s in the same round."""
+    return statistics.median(t / b for t, b in zip(times[name], times[base]))
