@@ -57,11 +57,7 @@ class MasterWeights:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the model's gradients and the masters'."""
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+        clear_gradients(self.params, set_to_none)
         self.optimizer.zero_grad(set_to_none)
 
     @torch.no_grad()
@@ -87,3 +83,12 @@ class MasterWeights:
         """Stop copying gradients (the model is about to be used without this optimizer)."""
         for hook in self._hooks:
             hook.remove()
+
+
+def clear_gradients(params: Iterable[torch.Tensor], set_to_none: bool = True) -> None:
+    """Each parameter's gradient set to None (or zeroed), as `Optimizer.zero_grad` does."""
+    for p in params:
+        if set_to_none:
+            p.grad = None
+        elif p.grad is not None:
+            p.grad.zero_()

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..comm import Communicator
+from .master import clear_gradients
 
 
 class ZeroOptimizer:
@@ -80,11 +81,8 @@ class ZeroOptimizer:
         self._reduced = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+        """Clear the parameters' gradients and the shard's."""
+        clear_gradients(self.params, set_to_none)
         self.shard.grad = None
         self._reduced = False
 
