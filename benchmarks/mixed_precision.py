@@ -51,7 +51,7 @@ from lib_dist.mixed_precision import LossScaler
 from lib_dist.models import GPT, GPTConfig
 from lib_dist.train import measure_peak_memory
 
-from rounds import median_ratio  # benchmarks/rounds.py, beside this script
+from rounds import interleaved, median_ratio  # benchmarks/rounds.py, beside this script
 from zero_rounds import zero_table  # benchmarks/zero_rounds.py: ZeRO-1 against data parallel
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -144,21 +144,6 @@ class Variant:
                                    warmup_steps=3).peak
 
 
-def rounds_here(calls: dict[str, Callable[[], object]], rounds: int,
-                steps: int) -> dict[str, list[float]]:
-    """Seconds per call of each, by round; the order shuffled per round (as `interleaved`)."""
-    seconds: dict[str, list[float]] = {name: [] for name in calls}
-    for i in range(rounds):
-        order = list(calls)
-        random.Random(i).shuffle(order)
-        for name in order:
-            start = time.perf_counter()
-            for _ in range(steps):
-                calls[name]()
-            seconds[name].append((time.perf_counter() - start) / steps)
-    return seconds
-
-
 def scaler_alone(variant: Variant, rounds: int, calls: int) -> dict[str, list[float]]:
     """Seconds of unscale_ + step + update, GradScaler's and LossScaler's, on the same scaled
     gradients of one fp16 autocast backward, with AdamW and with a step that does nothing."""
@@ -213,7 +198,8 @@ def precision_table(args: argparse.Namespace, config: GPTConfig, train_ids: torc
         torch.equal(a, b) for a, b in zip(ours.gpt.parameters(), theirs.gpt.parameters())))
     if not same:
         raise RuntimeError("LossScaler and GradScaler trained the same fp16 model differently")
-    times = rounds_here({n: v.step for n, v in variants.items()}, args.rounds, args.steps)
+    times, _ = interleaved(None, {n: v.step for n, v in variants.items()}, args.rounds,
+                           args.steps)
     peaks = {name: v.peak_memory() for name, v in variants.items()}
     alone = scaler_alone(theirs, args.rounds, args.scaler_calls)
 

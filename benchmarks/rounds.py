@@ -1,4 +1,5 @@
-"""How every benchmark here times its variants on a cluster's ranks: interleaved rounds.
+"""How every benchmark here times its variants, on a cluster's ranks or in one process:
+interleaved rounds.
 
 In each round every variant runs `steps` times, in an order shuffled per round (the same on
 every rank: the calls are collective), each from a barrier, so that none always follows the
@@ -27,7 +28,8 @@ Times = dict[str, list[float]]
 def interleaved(comm: Any, calls: dict[str, Callable[[], object]], rounds: int,
                 steps: int = 1) -> tuple[Times, Times]:
     """(seconds, CPU seconds) per step of each call, by round; `comm`'s trace is cleared after
-    each round (the timed calls' messages are not needed, and many)."""
+    each round (the timed calls' messages are not needed, and many). `comm` None: one process
+    alone, no barrier."""
     import torch.distributed as dist
 
     seconds: Times = {name: [] for name in calls}
@@ -36,13 +38,15 @@ def interleaved(comm: Any, calls: dict[str, Callable[[], object]], rounds: int,
         order = list(calls)
         random.Random(i).shuffle(order)
         for name in order:
-            dist.barrier()
+            if comm is not None:
+                dist.barrier()
             start, cpu_start = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 calls[name]()
             seconds[name].append((time.perf_counter() - start) / steps)
             cpu[name].append((time.process_time() - cpu_start) / steps)
-        comm.trace.clear()
+        if comm is not None:
+            comm.trace.clear()
     return seconds, cpu
 
 

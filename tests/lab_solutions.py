@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import nbformat
+
+from grader.synthetic import MARKERS
 from lib_dist.extend import Definitions, definitions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -19,3 +22,11 @@ def solution(lab: str, *names: str) -> Definitions:
 def release(lab: str) -> Path:
     """The student's release of the lab, labs/<lab>/<lab>.ipynb."""
     return REPO / "labs" / lab / f"{lab}.ipynb"
+
+
+def answer_source(lab: str, grade_id: str) -> str:
+    """The instructor's answer in the cell `grade_id`, as a student would hand it in (the
+    solution markers taken out)."""
+    nb = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
+    return next(MARKERS.sub("", c.source) for c in nb.cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)

@@ -6,11 +6,9 @@ tests/test_integrity.py for labs 01-03)."""
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 
-from grader.course import REPO
-from grader.synthetic import MARKERS
+from lab_solutions import answer_source
 from test_integrity import check_blank_release, check_cheat, code, grade
 
 pytestmark = pytest.mark.timeout(900)
@@ -18,14 +16,7 @@ pytestmark = pytest.mark.timeout(900)
 LAB06 = "lab06_tensor_parallel"
 
 
-def solution_source(grade_id: str) -> str:
-    """The instructor's answer in the cell `grade_id`, as a student would hand it in."""
-    nb = nbformat.read(REPO / "solutions" / LAB06 / f"{LAB06}.ipynb", as_version=4)
-    return next(MARKERS.sub("", c.source) for c in nb.cells
-                if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
-
-
-Q3 = solution_source("q3-solution")  # ParallelMLP, then ParallelAttention
+Q3 = answer_source(LAB06, "q3-solution")  # ParallelMLP, then ParallelAttention
 TORCH_MLP = code("""
     def ParallelMLP(mlp, comm):  # torch's plan does the work
         import copy

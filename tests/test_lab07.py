@@ -16,15 +16,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lab_solutions import REPO, solution  # noqa: E402
+from lab_solutions import answer_source, solution  # noqa: E402
 
 from grader.demo import TYPICAL_BUGS  # noqa: E402
-from grader.synthetic import MARKERS  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,13 +31,6 @@ CHECKS = ("check_decisions", "check_unscale", "check_errors", "check_small_updat
           "check_fp32_is_the_inner_optimizer", "check_agreement", "check_values",
           "check_memory", "check_traffic", "STREAM", "LossScaler", "MasterWeights",
           "DistributedLossScaler", "ZeroOptimizer")
-
-
-def answer(grade_id: str) -> str:
-    """The instructor's answer in the cell `grade_id`, as a student would hand it in."""
-    nb = nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4)
-    return next(MARKERS.sub("", c.source) for c in nb.cells
-                if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
 
 def lab_checks():
@@ -66,7 +57,7 @@ def test_a_count_of_clean_steps_kept_through_an_overflow_costs_the_scalers_only(
     grade_id, source = TYPICAL_BUGS[LAB]
     assert grade_id == "q1-solution"
     ns = lab_checks()
-    distributed = answer("q3-solution")
+    distributed = answer_source(LAB, "q3-solution")
     exec(source, ns)  # noqa: S102 - the bug, as a student would write it
     exec(distributed, ns)  # noqa: S102 - built on the buggy LossScaler, as in the notebook
     ns["check_decisions"]([[1, 1, 1]] * 6, growth_interval=2)  # no overflow: no difference

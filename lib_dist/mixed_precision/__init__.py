@@ -11,12 +11,13 @@ weights, and ZeRO's sharding of the optimizer state.
   magnitudes, which ops autocast runs in which dtype).
 """
 
+from ..train.memory import optimizer_state_bytes
 from .distributed import DistributedLossScaler
 from .formats import FORMATS, Format, decode, encode, format_table, torch_bits
 from .master import MasterWeights
 from .memory import PerParameter, bytes_per_parameter, zero_bytes_per_rank, zero_traffic_per_rank
 from .scaler import LossScaler
-from .zero import ZeroOptimizer, optimizer_state_bytes
+from .zero import ZeroOptimizer
 
 __all__ = [
     "DistributedLossScaler", "FORMATS", "Format", "LossScaler", "MasterWeights", "PerParameter",

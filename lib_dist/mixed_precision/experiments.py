@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..data import TokenBatches
 from ..losses import cross_entropy, next_token_loss
 from ..models.gpt import GPT, GPTConfig
+from ..train.memory import optimizer_state_bytes, saved_activations
 from .master import MasterWeights
 from .memory import PerParameter
 from .scaler import LossScaler
@@ -253,9 +254,8 @@ def master_weights_bytes(model: nn.Module, master: MasterWeights) -> PerParamete
     n = sum(p.numel() for p in params)
     grads = sum(p.grad.nbytes for p in params if p.grad is not None)
     grads += sum(m.grad.nbytes for m in master.masters if m.grad is not None)
-    state = sum(m.nbytes for m in master.masters) + sum(
-        v.nbytes for s in master.state.values() for v in s.values()
-        if isinstance(v, torch.Tensor) and v.dim() > 0)
+    state = sum(m.nbytes for m in master.masters) + optimizer_state_bytes(master.optimizer,
+                                                                          counters=False)
     return PerParameter(sum(p.nbytes for p in params) / n, grads / n, state / n)
 
 
@@ -263,16 +263,7 @@ def saved_bytes_by_dtype(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                          dtype: torch.dtype | None, loss_fn: LossFn = lm_loss) -> Bytes:
     """The bytes autograd saves for the backward pass in one forward (under autocast in
     `dtype`; None: none), by dtype: distinct storages, the model's own tensors left out."""
-    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    saved: dict[int, tuple[torch.dtype, int]] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in own:
-            saved.setdefault(storage.data_ptr(), (t.dtype, storage.nbytes()))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_activations(model) as saved:
         with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             logits = model(x)
         loss_fn(logits, y)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..comm import Communicator
+from ..train.memory import optimizer_state_bytes
 from .master import clear_gradients
 
 
@@ -90,9 +91,3 @@ class ZeroOptimizer:
         """Bytes of this rank's optimizer state: its shard's moments and master copy."""
         return optimizer_state_bytes(self.optimizer) + (
             self.shard.nbytes if self.shard.dtype != self.dtype else 0)
-
-
-def optimizer_state_bytes(optimizer: Any) -> int:
-    """Bytes of every tensor an optimizer keeps in its per-parameter state."""
-    return sum(value.nbytes for state in optimizer.state.values() for value in state.values()
-               if isinstance(value, torch.Tensor))

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -119,17 +120,8 @@ def measure_training_memory(model: nn.Module, optimizer: torch.optim.Optimizer, 
     Activations are the distinct storages autograd saved during the forward pass, excluding the
     model's own parameters and buffers. The step really updates the model.
     """
-    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in own:
-            saved.setdefault(storage.data_ptr(), storage.nbytes())
-        return t
-
     optimizer.zero_grad(set_to_none=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_activations(model) as saved:
         loss = loss_fn(model(x), y)
     loss.backward()
     optimizer.step()
@@ -137,10 +129,33 @@ def measure_training_memory(model: nn.Module, optimizer: torch.optim.Optimizer, 
     return MemoryBudget(
         parameters=sum(p.nbytes for p in params),
         gradients=sum(p.grad.nbytes for p in params if p.grad is not None),
-        optimizer_state=sum(v.nbytes for s in optimizer.state.values() for v in s.values()
-                            if isinstance(v, torch.Tensor) and v.dim() > 0),
-        activations=sum(saved.values()),
+        optimizer_state=optimizer_state_bytes(optimizer, counters=False),
+        activations=sum(nbytes for _, nbytes in saved.values()),
     )
+
+
+@contextmanager
+def saved_activations(model: nn.Module) -> Iterator[dict[int, tuple[torch.dtype, int]]]:
+    """Within the block, the distinct storages autograd saves for the backward pass, the
+    model's own parameters and buffers left out: {storage address: (dtype, bytes)}."""
+    own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, tuple[torch.dtype, int]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in own:
+            saved.setdefault(storage.data_ptr(), (t.dtype, storage.nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
+
+
+def optimizer_state_bytes(optimizer: Any, counters: bool = True) -> int:
+    """Bytes of every tensor an optimizer keeps in its per-parameter state (without its 0-d
+    step counts when not `counters`)."""
+    return sum(value.nbytes for state in optimizer.state.values() for value in state.values()
+               if isinstance(value, torch.Tensor) and (counters or value.dim() > 0))
 
 
 PHASES = ("forward", "backward", "optimizer step")
