@@ -112,6 +112,20 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   run inside the student's code. `benchmarks/mixed_precision.py` times lib_dist's scaler
   against GradScaler and its ZeRO optimizer against data parallel.
 
+- lab08_parameter_server, on `comm.send`/`recv`/`isend`/`irecv` (and `comm.all_reduce` for
+  local SGD): `serve(comm, shard, workers, steps, lr, mode="sync", schedule=None,
+  lr_for_staleness=None) -> [(worker, staleness), ...]`, a parameter server's rank,
+  synchronous (the mean of every worker's gradient once a step) or asynchronous (each gradient
+  as it arrives, or in a `schedule`'s order, its staleness recorded); `work(comm, model,
+  servers, steps, batch_fn, loss_fn) -> losses`, a worker that pulls, computes and pushes;
+  `local_sgd(comm, model, optimizer, batch_fn, loss_fn, steps, every, weight=1.0)`, local SGD
+  / FedAvg; `gossip_step(comm, tensor)`, one average with the ring neighbours;
+  `TopK(ratio, error_feedback=True)` with `k`, `compress`, `decompress` and `residual`.
+  lib_dist's versions are in `lib_dist.parameter_server` and are switched off while the lab is
+  graded; `replay_async`, which the tests compare an asynchronous server with, refuses to run
+  inside the student's code. `benchmarks/parameter_server.py` times lib_dist's server against
+  data parallel's ring all-reduce.
+
 Reusing definitions
 -------------------
 `definitions(notebook, *names)` (`lib_dist.definitions`) loads named definitions from a notebook
@@ -229,6 +243,17 @@ LABS: dict[str, Lab] = {
         oracles=("torch.amp:GradScaler", "torch.amp.grad_scaler:GradScaler",
                  "torch:_amp_update_scale_", "torch:_amp_foreach_non_finite_check_and_unscale_",
                  "torch.distributed.optim:ZeroRedundancyOptimizer"),
+        engines=True),
+    "lab08_parameter_server": Lab(
+        ("serve", "work", "local_sgd", "gossip_step", "TopK"),
+        (*(f"lib_dist.parameter_server:{name}" for name in (
+            "serve", "work", "pull", "parameter_server", "local_sgd", "average_parameters",
+            "gossip_step", "dpsgd_step")),
+         *(f"lib_dist.parameter_server.server:{name}" for name in (
+             "_serve_synchronously", "_serve_asynchronously", "_in_order", "_first_come")),
+         *(f"lib_dist.parameter_server:TopK.{method}" for method in (
+             "__init__", "k", "compress", "decompress"))),
+        oracles=("lib_dist.parameter_server:replay_async",),
         engines=True),
 }
 
