@@ -171,6 +171,33 @@ def gpipe_step(comm, stage, inputs, targets, m):
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
                 "_growth_tracker": self.clean_steps}
 '''),
+    "lab08_parameter_server": ("q5-solution", '''class TopK:
+    def __init__(self, ratio, error_feedback=True):
+        if not 0 < ratio <= 1:
+            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+        self.ratio, self.error_feedback = ratio, error_feedback
+        self.residual = None
+
+    def k(self, numel):
+        return max(1, round(self.ratio * numel))
+
+    def compress(self, grad):
+        acc = grad.detach().reshape(-1).clone()
+        if self.error_feedback and self.residual is not None:
+            acc += self.residual
+        indices = acc.topk(self.k(acc.numel())).indices  # the largest values, not magnitudes
+        values = acc[indices]
+        if self.error_feedback:
+            acc[indices] = 0
+            self.residual = acc
+        return values, indices
+
+    @staticmethod
+    def decompress(values, indices, like):
+        dense = torch.zeros(like.numel(), dtype=values.dtype)
+        dense[indices] = values
+        return dense.view_as(like)
+'''),
 }
 
 
