@@ -46,12 +46,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib_dist.data import CharTokenizer, TokenBatches, build_corpus, split_tokens
+from lib_dist.data import TokenBatches
 from lib_dist.mixed_precision import LossScaler
 from lib_dist.models import GPT, GPTConfig
 from lib_dist.train import measure_peak_memory
 
 from rounds import interleaved, median_ratio  # benchmarks/rounds.py, beside this script
+from tiny_gpt import tiny_gpt  # benchmarks/tiny_gpt.py: the model and its text
 from zero_rounds import zero_table  # benchmarks/zero_rounds.py: ZeRO-1 against data parallel
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -263,11 +264,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    corpus = build_corpus()
-    tokenizer = CharTokenizer(corpus.text)
-    train_ids, _ = split_tokens(tokenizer.encode(corpus.text), val_fraction=0.1)
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=CONTEXT, n_layer=2, n_head=4,
-                       n_embd=64)
+    config, train_ids, _ = tiny_gpt(CONTEXT)
     lines, precision = precision_table(args, config, train_ids)
     print("\n".join(lines), flush=True)
     results: dict[str, Any] = {"precision": precision}

@@ -39,12 +39,13 @@ from typing import Any
 import torch
 
 from lib_dist.cluster import Cluster
-from lib_dist.data import CharTokenizer, TokenBatches, build_corpus, split_tokens
+from lib_dist.data import TokenBatches
 from lib_dist.models import GPTConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ps_link import link_table  # noqa: E402
 from rounds import interleaved, median_ratio  # noqa: E402
+from tiny_gpt import tiny_gpt  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 CONTEXT, LR = 64, 0.2
@@ -128,11 +129,7 @@ def main() -> None:
     parser.add_argument("--link-sizes", type=int, nargs=2, default=[2**20, 8 * 2**20])
     args = parser.parse_args()
     start = time.perf_counter()
-    corpus = build_corpus()
-    tokenizer = CharTokenizer(corpus.text)
-    train_ids, val_ids = split_tokens(tokenizer.encode(corpus.text), val_fraction=0.1)
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=CONTEXT, n_layer=2, n_head=4,
-                       n_embd=64)
+    config, train_ids, val_ids = tiny_gpt(CONTEXT)
     streams = [TokenBatches(train_ids, block_size=CONTEXT, batch_size=args.batch, seed=1 + r)
                for r in range(4)]
     batches = [[next(s) for _ in range(40)] for s in streams]
