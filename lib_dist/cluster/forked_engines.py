@@ -11,15 +11,32 @@ starts this host, or hands the engines to one started in standby with the kernel
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
 
 
+# What an engine imports only once it has registered (its kernel's debugger, IPython's
+# inspector and history): imported here, they are paid once, not once in every engine.
+REGISTRATION_IMPORTS = ("ipykernel.debugger", "IPython.core.completerlib", "IPython.core.logger",
+                        "IPython.core.oinspect", "IPython.extensions.storemagic", "sqlite3",
+                        "tornado.platform.asyncio", "tornado.queues", "http.server", "pydoc")
+
+
+def import_engine_modules() -> None:
+    """Import what every engine needs, in the host that forks them."""
+    import lib_dist.cluster.engine  # noqa: F401 - torch, torch.distributed, lib_dist.comm
+    import ipyparallel.engine.app  # noqa: F401
+
+    for name in REGISTRATION_IMPORTS:
+        importlib.import_module(name)
+
+
 def fork_engines(argv: list[str]) -> None:
     """Fork N engines from this process (argv: N ENGINE_ARGS...), pass them SIGTERM and SIGINT, and exit with the
     worst of their exit codes once they have all ended."""
-    import lib_dist.cluster.engine  # noqa: F401 - torch, torch.distributed, lib_dist.comm
+    import_engine_modules()
     from ipyparallel.engine.app import launch_new_instance
 
     n, engine_argv = int(argv[0]), argv[1:]

@@ -114,10 +114,9 @@ def _import_for(kind: str, extra: list[str], imported: dict[str, Any]) -> None:
     except (OSError, AttributeError):
         pass
     if kind == "engines":
-        import ipyparallel.engine.app  # noqa: F401 - what an engine host imports first
-        import lib_dist.cluster.engine  # noqa: F401 - torch, torch.distributed, lib_dist.comm
-        from lib_dist.cluster.forked_engines import fork_engines
+        from lib_dist.cluster.forked_engines import fork_engines, import_engine_modules
 
+        import_engine_modules()
         for name in extra:
             importlib.import_module(name)  # once here, not once in every engine
         imported["run"] = fork_engines
