@@ -13,7 +13,7 @@ VPY := $(VENV)/bin/python
 VPIP := $(VENV)/bin/pip
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install demo test bench clean sandbox-tool notebooks
+.PHONY: install demo test bench clean sandbox-tool browser-tool notebooks site
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ install: $(INSTALLED)
 demo: $(INSTALLED) sandbox-tool
 	$(VPY) -m grader demo
 
-test: $(INSTALLED) sandbox-tool
+test: $(INSTALLED) sandbox-tool browser-tool
 	$(VPY) -m mypy
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
@@ -42,6 +42,19 @@ sandbox-tool:
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }; }
+
+# The browser tests (the course website) drive Debian's Chromium with Playwright: Playwright's
+# own browser download cannot work offline.
+browser-tool:
+	@command -v chromium >/dev/null || { \
+		echo "installing chromium, for the browser tests"; \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get install -y -qq chromium >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }; }
+
+# The course website, from the stored notebooks (never executed here): build/site/index.html.
+site: $(INSTALLED)
+	$(VPY) site/build.py
 
 # Re-execute the course/ and solutions/ notebooks and store their outputs (prints the time),
 # then release labs/ again: a release carries the solutions' record of execution (not outputs).
