@@ -13,7 +13,7 @@ VPY := $(VENV)/bin/python
 VPIP := $(VENV)/bin/pip
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install demo test bench clean sandbox-tool browser-tool notebooks site
+.PHONY: install demo test bench clean sandbox-tool browser-tool mpi-tool notebooks site
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ install: $(INSTALLED)
 demo: $(INSTALLED) sandbox-tool
 	$(VPY) -m grader demo
 
-test: $(INSTALLED) sandbox-tool browser-tool
+test: $(INSTALLED) sandbox-tool browser-tool mpi-tool
 	$(VPY) -m mypy
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
@@ -51,6 +51,14 @@ browser-tool:
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get install -y -qq chromium >/dev/null 2>&1 || \
 		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }; }
+
+# Engines launched by mpiexec (tests/test_mpi_engines.py): Debian's Open MPI; mpi4py is a dev extra.
+mpi-tool:
+	@command -v mpiexec >/dev/null || { \
+		echo "installing Open MPI, for the engines launched by MPI"; \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get install -y -qq openmpi-bin >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openmpi-bin; }; }
 
 # The course website, from the stored notebooks (never executed here): build/site/index.html.
 site: $(INSTALLED)
