@@ -52,13 +52,14 @@ browser-tool:
 		$$SUDO apt-get install -y -qq chromium >/dev/null 2>&1 || \
 		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }; }
 
-# Engines launched by mpiexec (tests/test_mpi_engines.py): Debian's Open MPI; mpi4py is a dev extra.
+# Engines launched by mpiexec and by Slurm (tests/test_engines_beyond_one_machine.py): Debian's
+# Open MPI, and Slurm with munge (the test starts its own one-node cluster); mpi4py is a dev extra.
 mpi-tool:
-	@command -v mpiexec >/dev/null || { \
-		echo "installing Open MPI, for the engines launched by MPI"; \
+	@command -v mpiexec >/dev/null && command -v slurmctld >/dev/null || { \
+		echo "installing Open MPI and Slurm, for engines launched by mpiexec and sbatch"; \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$SUDO apt-get install -y -qq openmpi-bin >/dev/null 2>&1 || \
-		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openmpi-bin; }; }
+		$$SUDO apt-get install -y -qq openmpi-bin slurm-wlm >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openmpi-bin slurm-wlm; }; }
 
 # The course website, from the stored notebooks (never executed here): build/site/index.html.
 site: $(INSTALLED)
