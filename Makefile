@@ -13,7 +13,7 @@ VPY := $(VENV)/bin/python
 VPIP := $(VENV)/bin/pip
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install demo test bench clean sandbox-tool browser-tool mpi-tool notebooks site
+.PHONY: install demo test bench clean sandbox-tool browser-tool mpi-tool hub-tool hub notebooks site
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ install: $(INSTALLED)
 demo: $(INSTALLED) sandbox-tool
 	$(VPY) -m grader demo
 
-test: $(INSTALLED) sandbox-tool browser-tool mpi-tool
+test: $(INSTALLED) sandbox-tool browser-tool mpi-tool hub-tool
 	$(VPY) -m mypy
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
@@ -60,6 +60,16 @@ mpi-tool:
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get install -y -qq openmpi-bin slurm-wlm >/dev/null 2>&1 || \
 		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openmpi-bin slurm-wlm; }; }
+
+# The course hub's proxy (deploy/): configurable-http-proxy from the npm registry, in build/.
+HUB_PROXY := build/hub-proxy/node_modules/.bin/configurable-http-proxy
+hub-tool: $(HUB_PROXY)
+$(HUB_PROXY):
+	npm install --silent --no-audit --no-fund --prefix build/hub-proxy configurable-http-proxy@4
+
+# The course hub on this machine (as root: it spawns each user's server as that user).
+hub: $(INSTALLED) hub-tool
+	$(VPY) deploy/start.py
 
 # The course website, from the stored notebooks (never executed here): build/site/index.html.
 site: $(INSTALLED)
