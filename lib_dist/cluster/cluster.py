@@ -152,6 +152,7 @@ class Cluster:
         while others wait on it, those get a few seconds before they count as hung. After a
         hang or a communication error the engines are restarted and the group rebuilt.
         """
+        __tracebackhide__ = True  # IPython shows the student's call, then the rank's error
         return self._run(fn, args, kwargs, timeout)
 
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -160,6 +161,7 @@ class Cluster:
         """`run`. `watch(pending)` (`streaming`) gets each rank's AsyncResult and returns an
         object whose `stop(final)` is called once they are in. `restart=False` leaves the
         engines as they are after a hang or a broken group."""
+        __tracebackhide__ = True
         client = self._require_started()
         check_sendable(fn, args, kwargs)
         timeout = self.timeout if timeout is None else timeout
