@@ -105,10 +105,14 @@ def autograde(course: Course, submissions: list[Submission], progress: bool = Tr
 def _grade_one(course: Course, sub: Submission) -> Outcome:
     start, before = time.monotonic(), descendants()
     target = course.submitted_notebook(sub.lab, sub.student)
-    if target.parent.exists():
-        shutil.rmtree(target.parent)
-    target.parent.mkdir(parents=True)
-    shutil.copyfile(sub.path, target)
+    if sub.path.resolve() != target.resolve():  # else it is there already: `nbgrader collect`
+        if target.parent.exists():
+            shutil.rmtree(target.parent)
+        target.parent.mkdir(parents=True)
+        shutil.copyfile(sub.path, target)
+        stamp = sub.path.parent / "timestamp.txt"  # nbgrader's: feedback is released by it
+        if stamp.is_file():
+            shutil.copyfile(stamp, target.parent / stamp.name)
     result = course.api().autograde(sub.lab, sub.student, force=True, create=True)
     strays = sweep(before)
     error = "" if result["success"] else (result.get("error") or result.get("log") or "failed")

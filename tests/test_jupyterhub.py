@@ -2,10 +2,16 @@
 passwords (PAM), single-user JupyterLab servers spawned as those users, and nbgrader's
 file-system exchange (deploy/).
 
-The instructor, a unix user, releases lab00 with nbgrader's commands; two students, unix users
-too, log in through the hub's login page in Debian's Chromium, open the Assignments page that
-nbgrader's lab extension adds, and fetch the lab into their own home, as their own user. A hub
-that cannot start says why in one line. The test creates its users and exchange and removes
+The instructor, a unix user, releases lab00 (the grader's release, then nbgrader's
+release_assignment, in a course folder with deploy/instructor_nbgrader_config.py); two
+students, unix users too, log in through the hub's login page in Debian's Chromium, open the
+Assignments page that nbgrader's lab extension adds, and fetch the lab into their own home, as
+their own user. Then the whole cycle: alice pastes every answer, bob the first only; each runs
+the notebook, saves and submits from the Assignments page; the instructor collects with
+nbgrader, autogrades with the grader (in its sandbox, as the instructor's unix user), writes the
+feedback and releases it; each student fetches their feedback and reads their own score
+(alice 13 / 13, bob less), and cannot open the other's. A hub that cannot start says why in one
+line. The test creates its users and exchange and removes
 them, and stops every server it started.
 """
 
@@ -86,12 +92,18 @@ def hub(tmp_path_factory):
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user], check=True)
             subprocess.run(["chpasswd"], input=f"{user}:{password}", text=True, check=True)
         course = Path(pwd.getpwnam(INSTRUCTOR).pw_dir) / "course"
-        shutil.copytree(REPO / "solutions" / LAB, course / "source" / LAB)
-        shutil.chown(course, INSTRUCTOR)
+        shutil.copytree(REPO / "solutions" / LAB, course / "solutions" / LAB)
+        shutil.copy(DEPLOY / "instructor_nbgrader_config.py", course / "nbgrader_config.py")
         subprocess.run(["chown", "-R", f"{INSTRUCTOR}:", str(course)], check=True)
-        released = as_user(INSTRUCTOR, f"cd {course} && nbgrader generate_assignment {LAB} && "
-                                        f"nbgrader release_assignment {LAB}", env)
+        released = as_user(INSTRUCTOR, f"cd {course} && {sys.executable} -m grader --root . "
+                                        f"release && nbgrader release_assignment {LAB}", env)
         assert "Released as: lib_dist lab00_ranks" in released, released
+        for student in STUDENTS:  # every cell drawn, not only those in view: cells to type in
+            settings = (Path(pwd.getpwnam(student).pw_dir) / ".jupyter" / "lab" / "user-settings"
+                        / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings")
+            settings.parent.mkdir(parents=True)
+            settings.write_text('{"windowingMode": "none"}')
+            subprocess.run(["chown", "-R", f"{student}:", str(settings.parents[4])], check=True)
         log = open(root / "hub.log", "w")
         hub_process = subprocess.Popen([sys.executable, str(DEPLOY / "start.py")], env=env,
                                        cwd=data, stdout=log, stderr=subprocess.STDOUT)
@@ -105,7 +117,8 @@ def hub(tmp_path_factory):
                 assert hub_process.poll() is None, (root / "hub.log").read_text()[-3000:]
                 assert time.monotonic() < deadline, "the hub did not answer within 60 s"
                 time.sleep(0.3)
-        yield {"base": base, "passwords": passwords, "exchange": exchange, "env": env}
+        yield {"base": base, "passwords": passwords, "exchange": exchange, "env": env,
+               "course": course}
     finally:
         if hub_process is not None:
             hub_process.send_signal(signal.SIGTERM)  # the hub stops the proxy and the servers
@@ -126,7 +139,8 @@ def browser():
 
 
 def log_in(browser, hub, user: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = browser.new_page(viewport={"width": 1400, "height": 1000},
+                            permissions=["clipboard-read", "clipboard-write"])
     page.goto(f"{hub['base']}/hub/login")
     page.fill("#username_input", user)
     page.fill("#password_input", hub["passwords"][user])
@@ -139,7 +153,8 @@ def log_in(browser, hub, user: str):
 def open_assignments(page) -> None:
     page.click("div.lm-MenuBar-itemLabel:text-is('Nbgrader')")
     page.click("li.lm-Menu-item:has-text('Assignment List')")
-    page.wait_for_selector(f"text={LAB}", timeout=60_000)
+    page.wait_for_selector(f":is(#released_assignments_list, #fetched_assignments_list, "
+                           f"#submitted_assignments_list) >> text={LAB}", timeout=60_000)
 
 
 @pytest.mark.parametrize("student", STUDENTS)
@@ -173,3 +188,84 @@ def test_a_hub_that_cannot_start_says_why_in_one_line(hub, tmp_path):
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode != 0 and missing.stderr.strip().count("\n") == 0, missing.stderr
     assert "no-proxy is missing" in missing.stderr and "make hub-tool" in missing.stderr
+
+
+def solutions(count: int) -> dict[int, str]:
+    """The first `count` answers of lab00's solution, by their cell's index in the release."""
+    import nbformat
+
+    released = nbformat.read(REPO / "labs" / LAB / f"{LAB}.ipynb", as_version=4)
+    solved = nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4)
+    answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in solved.cells
+               if c.metadata.get("nbgrader", {}).get("solution")}
+    found = {i: answers[c.metadata["nbgrader"]["grade_id"]] for i, c in enumerate(released.cells)
+             if c.metadata.get("nbgrader", {}).get("solution")}
+    return {i: "\n".join(line for line in source.splitlines() if "### " not in line)
+            for i, source in list(found.items())[:count]}
+
+
+def complete_and_submit(browser, hub, student: str, answers: dict[int, str]) -> None:
+    """As `student` in the browser: open the fetched lab, type `answers` into their cells,
+    Run All, save, and submit from the Assignments page."""
+    page = log_in(browser, hub, student)
+    if not (Path(pwd.getpwnam(student).pw_dir) / LAB).is_dir():
+        open_assignments(page)
+        page.click("#released_assignments_list >> button:has-text('Fetch')")
+        page.wait_for_selector(f"#fetched_assignments_list >> text={LAB}", timeout=60_000)
+    page.goto(f"{hub['base']}/user/{student}/lab/tree/{LAB}/{LAB}.ipynb")
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
+    for index, source in answers.items():
+        editor = cells.nth(index).locator(".cm-content")
+        page.evaluate("text => navigator.clipboard.writeText(text)", source)
+        editor.click()
+        page.keyboard.press("Control+a")
+        page.keyboard.press("Control+v")  # pasted as it is: typing would be re-indented
+    page.click("div.lm-MenuBar-itemLabel:text-is('Run')")
+    page.click("li.lm-Menu-item:has-text('Run All Cells')")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) "
+        ".jp-InputArea-prompt')].every(p => !p.innerText.includes('*'))", timeout=180_000)
+    page.keyboard.press("Control+s")
+    page.wait_for_timeout(1000)
+    open_assignments(page)
+    page.click(f"#fetched_assignments_list >> button:has-text('Submit')")
+    page.wait_for_selector(f"#submitted_assignments_list >> text={LAB}", timeout=60_000)
+    page.screenshot(path=str(REPO / "build" / "screenshots" / f"hub-{student}-submitted.png"))
+    page.close()
+
+
+def test_a_whole_cycle_release_submit_grade_feedback(hub, browser):
+    alice, bob = STUDENTS
+    complete_and_submit(browser, hub, alice, solutions(5))  # every answer
+    complete_and_submit(browser, hub, bob, solutions(1))    # the first one only
+    course = hub["course"]
+    as_user(INSTRUCTOR, f"cd {course} && nbgrader collect {LAB}", hub["env"])
+    graded = as_user(INSTRUCTOR, f"cd {course} && {sys.executable} -m grader --root . "
+                                 f"autograde instructor/submitted", hub["env"])
+    assert "2 submission" in graded or "ldhub-bob" in graded, graded[-1000:]
+    as_user(INSTRUCTOR, f"cd {course} && {sys.executable} -m grader --root . feedback && "
+                        f"nbgrader release_feedback {LAB}", hub["env"])
+    scores, feedback_urls = {}, {}
+    for student in (alice, bob):
+        page = log_in(browser, hub, student)
+        open_assignments(page)
+        page.click("#submitted_assignments_list >> button:has-text('Fetch Feedback')")
+        page.wait_for_selector("#submitted_assignments_list >> text=view feedback", timeout=60_000)
+        home = Path(pwd.getpwnam(student).pw_dir)
+        [html] = home.glob(f"{LAB}/feedback/*/{LAB}.html")  # what "view feedback" opens
+        page.goto(f"{hub['base']}/user/{student}/files/{html.relative_to(home)}")
+        scores[student] = page.inner_text("body")
+        page.screenshot(path=str(REPO / "build" / "screenshots" / f"hub-{student}-feedback.png"))
+        feedback_urls[student] = page.url
+        page.close()
+    for student, other in ((alice, bob), (bob, alice)):  # another's server is not theirs to read
+        page = log_in(browser, hub, student)
+        response = page.goto(feedback_urls[other])
+        assert response is None or response.status >= 400 or student in page.url, page.url
+        assert "Score" not in page.inner_text("body") or other not in page.url, page.url
+        page.close()
+    assert "13.0 / 13.0" in scores[alice] or "13 / 13" in scores[alice], scores[alice][:500]
+    assert "13.0 / 13.0" not in scores[bob] and "/ 13" in scores[bob], scores[bob][:500]
+    for student, other in ((alice, bob), (bob, alice)):
+        assert other not in scores[student], f"{student}'s feedback names {other}"
