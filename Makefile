@@ -35,31 +35,29 @@ test: $(INSTALLED) sandbox-tool browser-tool mpi-tool hub-tool
 	$(VPY) -m mypy
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
-# The grader runs each submission in bubblewrap (Debian package `bubblewrap`).
-sandbox-tool:
-	@command -v bwrap >/dev/null || { \
-		echo "installing bubblewrap, the grader's sandbox"; \
+# $(call apt-tool,COMMANDS,DEBIAN PACKAGES,WHAT FOR): install the packages unless every command
+# is already there (with sudo when not root; the package lists are refreshed only if needed).
+define apt-tool
+	@for c in $(1); do command -v $$c >/dev/null || missing=1; done; [ -z "$$missing" ] || { \
+		echo "installing $(2), $(3)"; \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$SUDO apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
-		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }; }
+		$$SUDO apt-get install -y -qq $(2) >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $(2); }; }
+endef
 
-# The browser tests (the course website) drive Debian's Chromium with Playwright: Playwright's
-# own browser download cannot work offline.
+# The grader runs each submission in bubblewrap.
+sandbox-tool:
+	$(call apt-tool,bwrap,bubblewrap,the grader's sandbox)
+
+# The browser tests (the course website, JupyterLab, the hub) drive Debian's Chromium with
+# Playwright: Playwright's own browser download cannot work offline.
 browser-tool:
-	@command -v chromium >/dev/null || { \
-		echo "installing chromium, for the browser tests"; \
-		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$SUDO apt-get install -y -qq chromium >/dev/null 2>&1 || \
-		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }; }
+	$(call apt-tool,chromium,chromium,for the browser tests)
 
 # Engines launched by mpiexec and by Slurm (tests/test_engines_beyond_one_machine.py): Debian's
 # Open MPI, and Slurm with munge (the test starts its own one-node cluster); mpi4py is a dev extra.
 mpi-tool:
-	@command -v mpiexec >/dev/null && command -v slurmctld >/dev/null || { \
-		echo "installing Open MPI and Slurm, for engines launched by mpiexec and sbatch"; \
-		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-		$$SUDO apt-get install -y -qq openmpi-bin slurm-wlm >/dev/null 2>&1 || \
-		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openmpi-bin slurm-wlm; }; }
+	$(call apt-tool,mpiexec slurmctld,openmpi-bin slurm-wlm,for engines launched by mpiexec and sbatch)
 
 # The course hub's proxy (deploy/): configurable-http-proxy from the npm registry, in build/.
 HUB_PROXY := build/hub-proxy/node_modules/.bin/configurable-http-proxy

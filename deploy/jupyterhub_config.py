@@ -28,6 +28,8 @@ from pathlib import Path
 c = get_config()  # noqa: F821 - JupyterHub's config loader defines it
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from start import DEFAULT_PROXY  # noqa: E402 - where `make hub-tool` puts the proxy
 DATA = Path(os.environ.get("LIB_DIST_HUB_DATA", "/srv/lib_dist/hub"))
 STUDENTS = {u for u in os.environ.get("LIB_DIST_STUDENTS", "").split(",") if u}
 INSTRUCTOR = os.environ.get("LIB_DIST_INSTRUCTOR", "instructor")
@@ -40,8 +42,7 @@ c.JupyterHub.cookie_secret_file = str(DATA / "jupyterhub_cookie_secret")
 c.JupyterHub.pid_file = str(DATA / "jupyterhub.pid")
 c.ConfigurableHTTPProxy.pid_file = str(DATA / "proxy.pid")
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{os.environ.get('LIB_DIST_PROXY_API_PORT', '8001')}"
-c.ConfigurableHTTPProxy.command = [os.environ.get("LIB_DIST_PROXY", str(
-    HERE.parent / "build" / "hub-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"))]
+c.ConfigurableHTTPProxy.command = [os.environ.get("LIB_DIST_PROXY", str(DEFAULT_PROXY))]
 
 c.JupyterHub.authenticator_class = "pam"
 c.Authenticator.allowed_users = STUDENTS | {INSTRUCTOR}

@@ -97,9 +97,9 @@ def assemble(found: list[Module], source: Path) -> None:
         (source / "labs" / f"{m.lab}.md").write_text(lab_page(m))
 
 
-def build(out: Path = OUT) -> Path:
-    """Assemble and build the site; the path of its index.html."""
-    found, source = modules(), out.with_name(out.name + "-src")
+def build(found: list[Module], out: Path = OUT) -> Path:
+    """Assemble and build the site of `found`; the path of its index.html."""
+    source = out.with_name(out.name + "-src")
     assemble(found, source)
     shutil.rmtree(out, ignore_errors=True)
     done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-j", "2",
@@ -115,8 +115,9 @@ def build(out: Path = OUT) -> Path:
 def main() -> None:
     start = time.monotonic()
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
-    index = build(out)
-    print(f"site: {len(modules())} modules built into {index} in {time.monotonic() - start:.0f} s")
+    found = modules()
+    index = build(found, out)
+    print(f"site: {len(found)} modules built into {index} in {time.monotonic() - start:.0f} s")
 
 
 if __name__ == "__main__":

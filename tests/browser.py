@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,3 +51,18 @@ def served(root: Path) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# Every cell drawn, not only those in view (tests read and type into any cell), and no
+# question about Jupyter's news in the corner of the page.
+LAB_SETTINGS = {"notebook-extension/tracker": {"windowingMode": "none"},
+                "apputils-extension/notification": {"fetchNews": "false"}}
+
+
+def write_lab_settings(folder: Path) -> None:
+    """JupyterLab's user settings for the tests, in `folder` (a JUPYTERLAB_SETTINGS_DIR, or a
+    user's ~/.jupyter/lab/user-settings)."""
+    for name, values in LAB_SETTINGS.items():
+        file = folder / "@jupyterlab" / f"{name}.jupyterlab-settings"
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(values))

@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from local_servers import free_port
+
 CONFIG = """ClusterName=libdist
 SlurmctldHost={host}
 AuthType=auth/munge
@@ -44,12 +46,6 @@ AccountingStorageType=accounting_storage/none
 NodeName={host} CPUs=8 RealMemory=4000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmNode:

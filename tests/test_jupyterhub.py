@@ -22,17 +22,16 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from browser import chromium
+from browser import chromium, write_lab_settings
+from local_servers import free_port, wait_until_answering
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -43,12 +42,6 @@ LAB = "lab00_ranks"
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.skipif(os.geteuid() != 0, reason="creates unix users: run as root")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def as_user(user: str, command: str, env: dict[str, str]) -> str:
@@ -98,27 +91,16 @@ def hub(tmp_path_factory):
         released = as_user(INSTRUCTOR, f"cd {course} && {sys.executable} -m grader --root . "
                                         f"release && nbgrader release_assignment {LAB}", env)
         assert "Released as: lib_dist lab00_ranks" in released, released
-        for student in STUDENTS:  # every cell drawn, not only those in view: cells to type in
-            settings = (Path(pwd.getpwnam(student).pw_dir) / ".jupyter" / "lab" / "user-settings"
-                        / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings")
-            settings.parent.mkdir(parents=True)
-            settings.write_text('{"windowingMode": "none"}')
-            subprocess.run(["chown", "-R", f"{student}:", str(settings.parents[4])], check=True)
+        for student in STUDENTS:
+            jupyter = Path(pwd.getpwnam(student).pw_dir) / ".jupyter"
+            write_lab_settings(jupyter / "lab" / "user-settings")
+            subprocess.run(["chown", "-R", f"{student}:", str(jupyter)], check=True)
         log = open(root / "hub.log", "w")
         hub_process = subprocess.Popen([sys.executable, str(DEPLOY / "start.py")], env=env,
                                        cwd=data, stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{env['LIB_DIST_HUB_PORT']}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/hub/login", timeout=2)
-                break
-            except OSError:
-                assert hub_process.poll() is None, (root / "hub.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the hub did not answer within 60 s"
-                time.sleep(0.3)
-        yield {"base": base, "passwords": passwords, "exchange": exchange, "env": env,
-               "course": course}
+        wait_until_answering(f"{base}/hub/login", hub_process, root / "hub.log", "the hub")
+        yield {"base": base, "passwords": passwords, "env": env, "course": course}
     finally:
         if hub_process is not None:
             hub_process.send_signal(signal.SIGTERM)  # the hub stops the proxy and the servers
@@ -229,7 +211,7 @@ def complete_and_submit(browser, hub, student: str, answers: dict[int, str]) -> 
     page.keyboard.press("Control+s")
     page.wait_for_timeout(1000)
     open_assignments(page)
-    page.click(f"#fetched_assignments_list >> button:has-text('Submit')")
+    page.click("#fetched_assignments_list >> button:has-text('Submit')")
     page.wait_for_selector(f"#submitted_assignments_list >> text={LAB}", timeout=60_000)
     page.screenshot(path=str(REPO / "build" / "screenshots" / f"hub-{student}-submitted.png"))
     page.close()

@@ -12,20 +12,17 @@ build/screenshots/ for a person to look at.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from browser import chromium
+from browser import chromium, write_lab_settings
+from local_servers import free_port, wait_until_answering
 
 REPO = Path(__file__).resolve().parent.parent
 SHOTS = REPO / "build" / "screenshots"
@@ -34,12 +31,6 @@ PX = "%%px\nprint(f'engine says: rank {rank} of {world_size}')"
 FAILING = "cluster.run(lambda comm: 1 / (comm.rank - 2))  # rank 2 divides by zero"
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +44,8 @@ def lab_server(tmp_path_factory):
     nbformat.write(solved, root / "solved" / "lab00_ranks.ipynb")
     (root / "released").mkdir()
     shutil.copy(REPO / "labs/lab00_ranks/lab00_ranks.ipynb", root / "released")
-    # every cell rendered (not only those in view), and no question about news
     settings = root.parent / "lab-settings"
-    for name, values in (("notebook-extension/tracker", {"windowingMode": "none"}),
-                         ("apputils-extension/notification", {"fetchNews": "false"})):
-        file = settings / "@jupyterlab" / f"{name}.jupyterlab-settings"
-        file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(json.dumps(values))
+    write_lab_settings(settings)
     port = free_port()
     log = open(root / "server.log", "w")
     server = subprocess.Popen(
@@ -71,15 +57,8 @@ def lab_server(tmp_path_factory):
         env={**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings)})
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={TOKEN}", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None, (root / "server.log").read_text()[-2000:]
-                assert time.monotonic() < deadline, "JupyterLab did not answer within 60 s"
-                time.sleep(0.2)
+        wait_until_answering(f"{base}/api/status?token={TOKEN}", server, root / "server.log",
+                             "JupyterLab")
         yield base
     finally:
         server.terminate()  # shuts its kernels down; each kernel's cluster goes with it
