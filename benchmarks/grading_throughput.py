@@ -1,17 +1,21 @@
 """Autograding throughput: seconds per lab00 submission (4 engines), and a class's grading time.
 
-Grades N synthetic full-marks submissions of lab00 through the grader, as `python -m grader
-autograde` does (in the sandbox), then the same N without the sandbox, then the same lab with
-the engine cluster swapped for a SimulatedWorld of 4 threads (same tests, no processes), all in
-the same process. Prints seconds per submission for each, the price of the sandbox and of real
-engines as ratios, and whether the time per submission stays flat as the class grows.
+Grades N synthetic full-marks submissions of lab00 through the grader in the sandbox, one at a
+time and then as `python -m grader autograde` does by default (`grader.pool.default_jobs` at
+once), then the same N one at a time without the sandbox, then the same lab with the engine
+cluster swapped for a SimulatedWorld of 4 threads (same tests, no processes), all in the same
+process. Prints seconds per submission for each (wall time of the run over N: with several at
+once, the class's throughput; one submission's own seconds are longer), the price of the
+sandbox, of real engines and the gain of grading at once as ratios, and whether the time per
+submission stays flat as the class grows.
 
-Then grades the solution of every lab in solutions/ once, in the sandbox, and projects a class
-of 30 students x every lab: 30 times the sum of those seconds, plus what is paid once: the
-all-reduce tuner's calibration on a new machine (`grader.tuner_cache`; this benchmark starts
-from an empty cache and times it first) and the grader's own preparation per grading run.
+Then grades 2 copies of the solution of every lab in solutions/, in the sandbox, the default
+number at once, and projects a class of 30 students x every lab: 30 times the sum of those
+seconds per submission, plus what is paid once: the all-reduce tuner's calibration on a new
+machine (`grader.tuner_cache`; this benchmark starts from an empty cache and times it first)
+and the grader's own preparation per grading run.
 
-    python benchmarks/grading_throughput.py [--students 6] [--class-size 30]
+    python benchmarks/grading_throughput.py [--students 6] [--class-size 30] [--jobs J]
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import nbformat
 from grader import synthetic
 from grader.course import REPO, Course
 from grader.grading import Outcome, autograde, find_submissions, release
+from grader.pool import default_jobs
+from grader.sandbox import Limits
 from grader.tuner_cache import prepare
 from lib_dist.comm.fast.calibration import CACHE_ENV
 
@@ -63,7 +69,7 @@ cluster = ThreadCluster(4, timeout=30).start()
 
 
 def seconds_per_submission(root: Path, lab: str, students: int, engines: bool = True,
-                           sandbox: bool = True) -> list[Outcome]:
+                           sandbox: bool = True, jobs: int = 1) -> list[Outcome]:
     """Grade `students` copies of `lab`'s solution in a scratch course; their outcomes."""
     course = Course(root, sandbox=sandbox)
     shutil.copytree(REPO / "solutions" / lab, course.solutions / lab)
@@ -78,18 +84,24 @@ def seconds_per_submission(root: Path, lab: str, students: int, engines: bool = 
     for i in range(students):
         synthetic.save(synthetic.solved(course, lab), folder, f"student{i:02d}", lab)
     subs, _ = find_submissions(course, folder)
-    return autograde(course, subs, progress=False)
+    return autograde(course, subs, progress=False, jobs=jobs)
 
 
-def in_scratch(lab: str, students: int, **options: bool) -> list[Outcome]:
+def in_scratch(lab: str, students: int, **options) -> list[Outcome]:
     with tempfile.TemporaryDirectory() as tmp:
         return seconds_per_submission(Path(tmp), lab, students, **options)
 
 
-def full_marks(outcomes: list[Outcome]) -> list[float]:
-    """Their seconds; each must have scored full marks, or the timing means nothing."""
+def full_marks(outcomes: list[Outcome]) -> list[Outcome]:
+    """Each must have scored full marks, or the timing means nothing."""
     assert all(o.score == o.max_score for o in outcomes), [o.error for o in outcomes]
-    return [o.seconds for o in outcomes]
+    return outcomes
+
+
+def wall_per_submission(outcomes: list[Outcome]) -> float:
+    """From the first one's start to the last one's end, over their number."""
+    start = min(o.started for o in outcomes)
+    return (max(o.started + o.seconds for o in outcomes) - start) / len(outcomes)
 
 
 def labs() -> list[str]:
@@ -101,6 +113,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=6)
     parser.add_argument("--class-size", type=int, default=30)
+    parser.add_argument("--jobs", type=int, help="at once (default: the grader's default)")
     args = parser.parse_args()
     os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="lib_dist-bench-tuner-")  # a new machine
     start = time.monotonic()
@@ -110,28 +123,33 @@ def main() -> None:
     prepare([REPO / "solutions" / LAB / f"{LAB}.ipynb"])  # what each grading run pays
     per_run = time.monotonic() - start
 
+    jobs = args.jobs or default_jobs(Limits())
     runs = {name: full_marks(in_scratch(LAB, args.students, **options))
-            for name, options in (("sandbox", {}), ("no sandbox", {"sandbox": False}),
+            for name, options in (("sandbox", {}), ("at once", {"jobs": jobs}),
+                                  ("no sandbox", {"sandbox": False}),
                                   ("threads", {"engines": False, "sandbox": False}))}
-    median = {name: statistics.median(times) for name, times in runs.items()}
+    each = {name: wall_per_submission(outcomes) for name, outcomes in runs.items()}
     print(f"submissions per run: {args.students}")
-    print(f"4 engines in the sandbox:   {median['sandbox']:5.2f} s per submission (median)")
-    print(f"4 engines, no sandbox:      {median['no sandbox']:5.2f} s")
-    print(f"threads instead of engines: {median['threads']:5.2f} s (no sandbox)")
-    print(f"sandbox / no sandbox:       {median['sandbox'] / median['no sandbox']:.2f}")
-    print(f"engines / threads:          {median['no sandbox'] / median['threads']:.2f}")
-    print(f"sandbox / threads:          {median['sandbox'] / median['threads']:.2f}")
-    real = runs["sandbox"]
+    print(f"4 engines in the sandbox:   {each['sandbox']:5.2f} s per submission, one at a time")
+    print(f"  {jobs} at a time:             {each['at once']:5.2f} s per submission (each took "
+          f"{statistics.median(o.seconds for o in runs['at once']):.2f} s, median)")
+    print(f"4 engines, no sandbox:      {each['no sandbox']:5.2f} s")
+    print(f"threads instead of engines: {each['threads']:5.2f} s (no sandbox)")
+    print(f"sandbox / no sandbox:       {each['sandbox'] / each['no sandbox']:.2f}")
+    print(f"engines / threads:          {each['no sandbox'] / each['threads']:.2f}")
+    print(f"sandbox / threads:          {each['sandbox'] / each['threads']:.2f}")
+    print(f"{jobs} at a time / one:        {each['at once'] / each['sandbox']:.2f}")
+    real = [o.seconds for o in runs["sandbox"]]
     half = len(real) // 2
     print(f"first half {statistics.mean(real[:half]):.2f} s, second half "
           f"{statistics.mean(real[half:]):.2f} s per submission (flat = linear in students)")
 
     per_lab = {}
     for lab in labs():
-        [outcome] = in_scratch(lab, 1)
-        per_lab[lab] = outcome.seconds
-        print(f"{lab:20s} {outcome.seconds:6.1f} s per submission (its solution, in the "
-              f"sandbox; scored {outcome.score}/{outcome.max_score})")
+        outcomes = full_marks(in_scratch(lab, 2, jobs=jobs))
+        per_lab[lab] = wall_per_submission(outcomes)
+        print(f"{lab:22s} {per_lab[lab]:5.1f} s per submission (2 of its solution, {jobs} at a "
+              f"time, in the sandbox; each took {max(o.seconds for o in outcomes):.1f} s)")
     once = calibration + len(per_lab) * per_run
     total = args.class_size * sum(per_lab.values()) + once
     print(f"once: tuner calibration {calibration:.1f} s (new machine), {per_run:.1f} s per "

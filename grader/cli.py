@@ -51,11 +51,12 @@ def _check(course: Course, args) -> int:
 
 def _autograde(course: Course, args) -> int:
     from .grading import autograde, find_submissions
+    from .pool import default_jobs
 
     subs, problems = find_submissions(course, args.submissions)
     for p in problems:
         print(f"skipped: {p}", file=sys.stderr)
-    outcomes = autograde(course, subs)
+    outcomes = autograde(course, subs, jobs=args.jobs or default_jobs(course.limits))
     for o in outcomes:
         s = o.submission
         result = f"{o.score:g}/{o.max_score:g}" if o.error == "" else f"FAILED: {o.error}"
@@ -112,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     c.set_defaults(command=_check)
     c = sub.add_parser("autograde", help="grade a folder of submissions")
     c.add_argument("submissions", type=Path)
+    c.add_argument("--jobs", type=int, help="submissions graded at once, each in its own "
+                   "sandbox (default: one per core, as many as memory holds at "
+                   "--total-memory-mb each)")
     c.set_defaults(command=_autograde)
     c = sub.add_parser("feedback", help="HTML feedback per student")
     c.add_argument("labs", nargs="*")

@@ -15,6 +15,7 @@ from . import report, synthetic
 from .course import REPO, Course
 from .feedback import generate
 from .grading import autograde, find_submissions, release
+from .pool import default_jobs
 
 # A typical bug per lab: (solution cell, what a student might write there).
 TYPICAL_BUGS = {
@@ -228,7 +229,10 @@ def run(out: Path) -> int:
         synthetic.save(with_typical_bug(course, lab), folder, "carol", lab)
     subs, problems = find_submissions(course, folder)
     assert not problems, problems
-    outcomes = autograde(course, subs)
+    jobs = default_jobs(course.limits)
+    grading = time.monotonic()
+    outcomes = autograde(course, subs, jobs=jobs)
+    grading = time.monotonic() - grading
     for o in outcomes:
         if o.error:
             print(f"grading {o.submission.student}/{o.submission.lab} failed:\n{o.error}")
@@ -238,9 +242,8 @@ def run(out: Path) -> int:
     print(report.format_table(course))
     csv_path, png_path = report.write(course)
     feedback = [p for lab in labs for p in generate(course, lab, ["carol"])]
-    per = sum(o.seconds for o in outcomes) / len(outcomes)
-    print(f"\n{len(outcomes)} submissions graded in {sum(o.seconds for o in outcomes):.1f} s "
-          f"({per:.1f} s each); whole demo {time.monotonic() - start:.1f} s")
+    print(f"\n{len(outcomes)} submissions graded in {grading:.1f} s, {jobs} at a time "
+          f"({grading / len(outcomes):.1f} s each); whole demo {time.monotonic() - start:.1f} s")
     print(f"report:   {csv_path}\n          {png_path}")
     for path in feedback:
         print(f"feedback: {path}")

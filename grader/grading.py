@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from .course import Course
 from .errors import GradingError
+from .pool import grade_at_once
 from .processes import become_subreaper, descendants, sweep
 from .sandbox import unavailable
 from .tuner_cache import prepare as prepare_tuner_cache
@@ -38,6 +39,7 @@ class Outcome:
     seconds: float
     strays: int  # processes the submission left behind, ended by the grader
     error: str = ""
+    started: float = 0.0  # time.time() when its grading began
 
 
 def release(course: Course, labs: list[str] | None = None) -> list[str]:
@@ -81,11 +83,14 @@ def find_submissions(course: Course, folder: Path) -> tuple[list[Submission], li
     return found, problems
 
 
-def autograde(course: Course, submissions: list[Submission], progress: bool = True
-              ) -> list[Outcome]:
-    """Grade each submission in turn; whatever one does, the next starts clean."""
+def autograde(course: Course, submissions: list[Submission], progress: bool = True,
+              jobs: int = 1) -> list[Outcome]:
+    """Grade each submission, `jobs` at a time (`grader.pool`); whatever one does, the next
+    starts clean."""
     if course.sandbox and (problem := unavailable()):
         raise GradingError(f"cannot isolate submissions: {problem}")
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1 (submissions graded at once), not {jobs}")
     # the tuner's calibration: measured once here, outside the sandbox, not in every submission
     prepare_tuner_cache([course.source_notebook(lab) for lab in {s.lab for s in submissions}])
     for lab in unreleased(course, sorted({sub.lab for sub in submissions})):
@@ -93,17 +98,23 @@ def autograde(course: Course, submissions: list[Submission], progress: bool = Tr
             print(f"[grader] {lab} is not in the gradebook yet: releasing it from solutions/ "
                   f"first (python -m grader release {lab})")
         release(course, [lab])
-    become_subreaper()
-    outcomes = []
-    bar = tqdm(submissions, desc="autograde", unit="submission", disable=not progress)
-    for sub in bar:
-        bar.set_postfix_str(f"{sub.student}/{sub.lab}")
-        outcomes.append(_grade_one(course, sub))
-    return outcomes
+    bar = tqdm(total=len(submissions), desc="autograde", unit="submission",
+               disable=not progress)
+    with bar:
+        if jobs > 1 and len(submissions) > 1:
+            return grade_at_once(course, submissions, jobs, lambda sub: bar.update())
+        become_subreaper()
+        outcomes = []
+        for sub in submissions:
+            bar.set_postfix_str(f"{sub.student}/{sub.lab}")
+            outcomes.append(grade_one(course, sub))
+            bar.update()
+        return outcomes
 
 
-def _grade_one(course: Course, sub: Submission) -> Outcome:
-    start, before = time.monotonic(), descendants()
+def grade_one(course: Course, sub: Submission) -> Outcome:
+    """Grade one submission with nbgrader, then end whatever it left running."""
+    started, start, before = time.time(), time.monotonic(), descendants()
     target = course.submitted_notebook(sub.lab, sub.student)
     if sub.path.resolve() != target.resolve():  # else it is there already: `nbgrader collect`
         if target.parent.exists():
@@ -117,7 +128,7 @@ def _grade_one(course: Course, sub: Submission) -> Outcome:
     strays = sweep(before)
     error = "" if result["success"] else (result.get("error") or result.get("log") or "failed")
     score, max_score = scores(course, sub.lab, sub.student) if result["success"] else (None, None)
-    return Outcome(sub, score, max_score, time.monotonic() - start, len(strays), error)
+    return Outcome(sub, score, max_score, time.monotonic() - start, len(strays), error, started)
 
 
 def unreleased(course: Course, labs: list[str]) -> list[str]:

@@ -124,7 +124,8 @@ def graded(tmp_path_factory):
         synthetic.save(nb, folder, student, LAB)
     subs, problems = find_submissions(course, folder)
     assert problems == []
-    outcomes = {o.submission.student: o for o in autograde(course, subs, progress=False)}
+    # two at a time, as `python -m grader autograde` does on a 2-core machine
+    outcomes = {o.submission.student: o for o in autograde(course, subs, progress=False, jobs=2)}
     return course, cases, outcomes
 
 
@@ -150,6 +151,15 @@ def outputs(course: Course, student: str) -> dict[str, str]:
         f"{o.get('ename', '')}: {o.get('evalue', '')}" if o.output_type == "error"
         else o.get("text", "") for o in c.get("outputs", []))
         for c in nb.cells if c.cell_type == "code" and "nbgrader" in c.metadata}
+
+
+def test_submissions_were_graded_two_at_a_time(graded):
+    events = sorted(e for o in graded[2].values()
+                    for e in ((o.started, 1), (o.started + o.seconds, -1)))
+    in_flight = [sum(change for _, change in events[:i + 1]) for i in range(len(events))]
+    assert max(in_flight) == 2, events
+    busy = sum(b[0] - a[0] for a, b, n in zip(events, events[1:], in_flight) if n == 2)
+    assert busy > 0.5 * sum(b[0] - a[0] for a, b, n in zip(events, events[1:], in_flight) if n)
 
 
 def test_failures_are_explained_where_they_happened(graded):
