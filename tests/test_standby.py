@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from lib_dist.cluster import standby
 
@@ -56,12 +57,47 @@ def test_first_cluster_takes_over_the_standbys_and_a_second_starts_its_own() -> 
     assert got["kernel_env"] is None
 
 
-def test_unclaimed_standbys_end_with_the_kernel() -> None:
+MODULE_KERNEL = '''
+import json, os, sys
+import psutil
+torch_before = "torch" in sys.modules  # imported by the wrapper, before this module ran
+from lib_dist.cluster import Cluster
+waiting = dict(item.split("=") for item in os.environ["LIB_DIST_STANDBY"].split(","))
+engines = int(waiting["engines"].split(":")[0])
+with Cluster(2, timeout=30) as cluster:
+    ranks = cluster.run(lambda comm: comm.rank)
+    parents = [psutil.Process(r["pid"]).ppid() for r in cluster.ranks]
+    engines_parent = psutil.Process(engines).ppid()
+print(json.dumps(dict(torch_before=torch_before, argv=sys.argv[1:], path0=sys.path[0],
+                      name=__name__, me=os.getpid(), engines=engines,
+                      engines_parent=engines_parent, ranks=ranks,
+                      parents=parents)))
+'''
+
+
+def test_a_python_module_kernel_shares_torch_with_the_engine_host_forked_from_it(
+        tmp_path: Path) -> None:
+    (tmp_path / "module_kernel.py").write_text(MODULE_KERNEL)
+    done = subprocess.run([sys.executable, standby.__file__, "--", sys.executable, "-m",
+                           "module_kernel", "-f", "x.json"], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["torch_before"] and got["name"] == "__main__"
+    assert got["argv"] == ["-f", "x.json"] and got["path0"] == str(tmp_path)
+    assert got["engines_parent"] == got["me"]  # the engine host is forked from the kernel
+    assert got["ranks"] == [0, 1] and set(got["parents"]) == {got["engines"]}
+
+
+@pytest.mark.parametrize("form", ["-c", "-m"])
+def test_unclaimed_standbys_end_with_the_kernel(form: str, tmp_path: Path) -> None:
     code = ("import os, time; print(os.environ['LIB_DIST_STANDBY'], flush=True); "
             "time.sleep(float(os.environ.get('NAP', '0')))")
+    (tmp_path / "napping_kernel.py").write_text(code)
+    kernel = ["-c", code] if form == "-c" else ["-m", "napping_kernel"]
     for nap in ("0", "4"):  # before and after the standbys have imported what they need
-        done = subprocess.run([sys.executable, standby.__file__, "--", sys.executable, "-c",
-                               code], capture_output=True, text=True, timeout=60,
+        done = subprocess.run([sys.executable, standby.__file__, "--", sys.executable, *kernel],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path,
                               env={**os.environ, "NAP": nap})
         entries = dict(item.split("=") for item in done.stdout.strip().split(","))
         pids = [int(entry.split(":")[0]) for entry in entries.values()]

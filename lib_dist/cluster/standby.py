@@ -15,8 +15,14 @@ and environment the launcher would have given a new process, and carries on as t
 `--import`: a module the engine host imports too, once, rather than every engine on its own.
 Unclaimed, a standby dies with the kernel (parent-death signal) or when its pipe closes.
 
-This file is run by path and imports only the standard library: importing `lib_dist` (in a
-graded kernel, torch with it) would delay the kernel it is there to speed up.
+When the kernel is this Python running a module (`python -m ipykernel_launcher ...`, what
+Jupyter starts), the wrapper imports torch first, forks the engine host from itself and runs
+the module in-process: kernel and engines then share one import of torch (over a CPU-second
+saved per graded submission) instead of each paying for its own. Otherwise it execs the kernel.
+
+Apart from that one import of torch, this file is run by path and imports only the standard
+library: importing `lib_dist` (in a graded kernel, torch with it, and the lab's switched-off
+answers) is the kernel's business, after the grader arms its guard.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import runpy
 import subprocess
 import sys
 import threading
+import traceback
 from typing import Any
 
 ENV = "LIB_DIST_STANDBY"
@@ -139,6 +147,46 @@ def start(kind: str, command: list[str]) -> str:
     return f"{kind}={host.pid}:{write}"
 
 
+def fork(kind: str, extra: list[str]) -> str:
+    """Fork a standby of `kind` from this process, with everything it has imported; its entry
+    for `LIB_DIST_STANDBY`. The child never returns."""
+    read, write = os.pipe()
+    kernel = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(write)  # else the pipe never closes when the kernel leaves it unclaimed
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            standby(kind, extra, read, kernel)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(read)
+    os.set_inheritable(write, True)
+    return f"{kind}={pid}:{write}"
+
+
+def python_module(command: list[str]) -> list[str] | None:
+    """[MODULE, ARGS...] when `command` is this Python running a module, else None."""
+    if len(command) < 3 or command[1] != "-m":
+        return None
+    same = os.path.realpath(command[0]) == os.path.realpath(sys.executable)
+    return command[2:] if same else None
+
+
+def run_module(module_and_args: list[str]) -> None:
+    """Carry on as `python -m MODULE ARGS...` would, in this process."""
+    module, *args = module_and_args
+    sys.argv = [module, *args]
+    sys.path.insert(0, os.getcwd())  # as -m puts it
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 def main() -> None:
     if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]  # run by path: this folder's modules must not shadow top-level ones
@@ -153,11 +201,20 @@ def main() -> None:
     command = command[1:] if command[:1] == ["--"] else command
     if not command:
         sys.exit(f"usage: python {__file__} [--import MODULE ...] -- KERNEL_CMD ...")
-    imports_of = {"engines": ",".join(imports), "controller": ""}
-    os.environ[ENV] = ",".join(
-        start(kind, [sys.executable, __file__, "--standby", kind, imports_of[kind]])
-        for kind in KINDS)
-    os.execvp(command[0], command)
+    module = python_module(command)
+    if module is not None:
+        import torch  # noqa: F401 - once, for the kernel and the engine host forked from it
+
+        engines = fork("engines", imports)
+    else:
+        engines = start("engines", [sys.executable, __file__, "--standby", "engines",
+                                    ",".join(imports)])
+    controller = start("controller", [sys.executable, __file__, "--standby", "controller", ""])
+    os.environ[ENV] = f"{engines},{controller}"
+    if module is not None:
+        run_module(module)
+    else:
+        os.execvp(command[0], command)
 
 
 if __name__ == "__main__":
