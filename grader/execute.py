@@ -30,7 +30,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool
 
 from . import integrity
-from .sandbox import SandboxedKernelManager
+from .sandbox import SandboxedKernelManager, StandbyKernelManager
 
 RECOVERY_SECONDS = 10
 
@@ -58,8 +58,8 @@ class GradedExecute(Execute):
         # of interpreter teardown, and whatever the kernel leaves is reaped (the sandbox's
         # namespace, or the cluster's watchdog when it runs without one).
         self.shutdown_kernel = "immediate"
-        if self.sandbox:
-            self.kernel_manager_class = SandboxedKernelManager
+        self.kernel_manager_class = (SandboxedKernelManager if self.sandbox
+                                     else StandbyKernelManager)
 
     def preprocess(self, nb, resources=None, km=None):
         self._stopped_at, self._stop_reason = None, ""

@@ -63,6 +63,14 @@ def unavailable() -> str | None:
     return None
 
 
+class StandbyKernelManager(AsyncKernelManager):
+    """A kernel started beside the standbys of its cluster (`_with_engines_started`): what
+    grading without the sandbox uses."""
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
+        await super()._async_launch_kernel(_with_engines_started(kernel_cmd), **kw)
+
+
 class SandboxedKernelManager(AsyncKernelManager):
     """A kernel manager that starts the kernel inside a fresh sandbox (module docstring)."""
 
