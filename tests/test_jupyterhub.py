@@ -63,6 +63,17 @@ def traversable(paths: list[Path]) -> dict[Path, int]:
     return changed
 
 
+def stop_hub(hub_process: subprocess.Popen) -> None:
+    """SIGTERM: the hub stops the proxy and each student's server (interrupt, then terminate:
+    over a minute on a loaded machine); killed if it has not finished in three."""
+    hub_process.send_signal(signal.SIGTERM)
+    try:
+        hub_process.wait(180)
+    except subprocess.TimeoutExpired:
+        hub_process.kill()
+        hub_process.wait(10)
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     assert PROXY.is_file(), "no configurable-http-proxy: `make hub-tool` installs it"
@@ -103,8 +114,7 @@ def hub(tmp_path_factory):
         yield {"base": base, "passwords": passwords, "env": env, "course": course}
     finally:
         if hub_process is not None:
-            hub_process.send_signal(signal.SIGTERM)  # the hub stops the proxy and the servers
-            hub_process.wait(60)
+            stop_hub(hub_process)
         for user in (*STUDENTS, INSTRUCTOR):
             subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True)
         time.sleep(0.5)
