@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -48,7 +49,7 @@ def grade_at_once(course: Course, submissions: list[Submission], jobs: int,
 
     enter_students(course, {s.student for s in submissions})
     portable = dataclasses.replace(course, _api=None)  # nbgrader's API stays in its process
-    pending = list(range(len(submissions)))
+    pending = by_turns(submissions)
     running: dict[Future, int] = {}
     outcomes: dict[int, Outcome] = {}
     # forked, not spawned: a spawned worker would run the caller's script (`python -m grader`)
@@ -65,6 +66,17 @@ def grade_at_once(course: Course, submissions: list[Submission], jobs: int,
                 outcomes[i] = outcome_of(future, submissions[i])
                 done(submissions[i])
     return [outcomes[i] for i in range(len(submissions))]
+
+
+def by_turns(submissions: list[Submission]) -> list[int]:
+    """Their indices, one submission of each student in turn: no student's labs are left to
+    be graded one at a time at the end, while others' could have run beside them."""
+    turns: Counter[str] = Counter()
+    keyed = []
+    for i, sub in enumerate(submissions):
+        keyed.append((turns[sub.student], i))
+        turns[sub.student] += 1
+    return [i for _, i in sorted(keyed)]
 
 
 def next_to_start(submissions: list[Submission], pending: list[int],

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from grader.grading import Submission, autograde
-from grader.pool import default_jobs, next_to_start, outcome_of
+from grader.pool import by_turns, default_jobs, next_to_start, outcome_of
 from grader.sandbox import Limits
 
 
@@ -35,6 +35,11 @@ def test_a_student_already_in_flight_waits_and_others_go_first():
     assert next_to_start(s, [0, 1, 2, 3], running(), jobs=2) == [0, 3]
     assert next_to_start(s, [1, 2], running(3), jobs=2) == [1]
     assert next_to_start(s, [1, 2, 3], running(0), jobs=3) == [3]
+
+
+def test_students_take_turns_so_no_one_is_left_alone_at_the_end():
+    s = subs("ann", "ann", "ann", "bo", "bo", "cy")
+    assert by_turns(s) == [0, 3, 5, 1, 4, 2]
 
 
 def test_a_dead_worker_fails_its_submission_and_says_what_to_do():
