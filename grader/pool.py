@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
 def default_jobs(limits: Limits) -> int:
     """Submissions to grade at once: one per core, as many as the machine's memory holds at
-    each sandbox's limit. On a 2-core machine 2 at a time grade lab00 in 0.74 of the time one
-    at a time does, and 3 at a time are slower than 2 (benchmarks/grading_throughput.py)."""
+    each sandbox's limit. On a 2-core machine 2 at a time grade lab00 in 0.6-0.8 of the time
+    one at a time does, and 3 at a time were slower than 2 (benchmarks/grading_throughput.py)."""
     memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
     return max(1, min(os.cpu_count() or 1, memory_mb // limits.total_memory_mb))
 
@@ -115,7 +115,7 @@ def outcome_of(future: Future, sub: Submission) -> Outcome:
 
 
 def enter_students(course: Course, students: set[str]) -> None:
-    course.api()  # creates the gradebook and its folder when this is the first grading
-    with Gradebook(course.db_url) as gradebook:
+    """Into the course's gradebook, which `autograde` has made by now."""
+    with Gradebook(course.db_url, course.course_id) as gradebook:
         for student in sorted(students):
             gradebook.update_or_create_student(student)

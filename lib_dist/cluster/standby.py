@@ -39,7 +39,6 @@ from typing import Any
 
 ENV = "LIB_DIST_STANDBY"
 ENGINE_HOST = "from lib_dist.cluster.forked_engines import main; main()"
-KINDS = ("engines", "controller")
 
 
 def claim(kind: str, argv: list[str], output: str, cwd: str, env: dict[str, str]) -> int | None:
@@ -137,9 +136,10 @@ def _import_for(kind: str, extra: list[str], imported: dict[str, Any]) -> None:
         imported["run"] = run
 
 
-def start(kind: str, command: list[str]) -> str:
-    """Start one standby; its entry for `LIB_DIST_STANDBY`."""
+def start(kind: str, extra: list[str]) -> str:
+    """Start a standby of `kind` as a new process; its entry for `LIB_DIST_STANDBY`."""
     read, write = os.pipe()
+    command = [sys.executable, __file__, "--standby", kind, ",".join(extra)]
     host = subprocess.Popen([*command, str(read), str(os.getpid())], pass_fds=(read,),
                             stdin=subprocess.DEVNULL)
     os.close(read)
@@ -207,9 +207,8 @@ def main() -> None:
 
         engines = fork("engines", imports)
     else:
-        engines = start("engines", [sys.executable, __file__, "--standby", "engines",
-                                    ",".join(imports)])
-    controller = start("controller", [sys.executable, __file__, "--standby", "controller", ""])
+        engines = start("engines", imports)
+    controller = start("controller", [])
     os.environ[ENV] = f"{engines},{controller}"
     if module is not None:
         run_module(module)
