@@ -144,7 +144,7 @@ def _with_engines_started(kernel_cmd: list[str]) -> list[str]:
     lab = LABS.get(os.environ.get("LIB_DIST_GRADED_LAB", ""))
     if lab is None or not lab.engines:
         return kernel_cmd
-    imports = [word for name in lab.engine_imports for word in ("--import", name)]
+    imports = [word for name in lab.preload for word in ("--import", name)]
     return [sys.executable, standby.__file__, *imports, "--", *kernel_cmd]
 
 

@@ -153,16 +153,16 @@ class Lab:
         (`lib_dist.integrity.oracles`); the tests themselves use them freely.
     engines: whether the notebook starts a `lib_dist.cluster.Cluster` of local engines; the
         grader then starts their host with the kernel (`lib_dist.cluster.standby`).
-    engine_imports: modules that host imports ahead, once, rather than every engine on its
-        own, e.g. `torch._dynamo`, which building a first torch.optim optimizer imports (over
-        a CPU-second per process).
+    preload: modules imported ahead, once, for the kernel and that host to share, rather than
+        by every engine on its own, e.g. `torch._dynamo`, which a first torch.optim step
+        imports (over a CPU-second per process).
     """
 
     asks: tuple[str, ...]
     references: tuple[str, ...] = ()
     oracles: tuple[str, ...] = ()
     engines: bool = False
-    engine_imports: tuple[str, ...] = ()
+    preload: tuple[str, ...] = ()
 
 
 _COLLECTIVES = ("broadcast", "all_gather", "reduce_scatter", "all_reduce")
@@ -200,7 +200,7 @@ LABS: dict[str, Lab] = {
         oracles=("torch.nn.parallel:DistributedDataParallel",
                  "torch.utils.data:DistributedSampler", "lib_dist.data_parallel:DataParallel",
                  "lib_dist.data_parallel:ShardSampler"),
-        engines=True, engine_imports=("torch._dynamo",)),
+        engines=True, preload=("torch._dynamo",)),
     "lab05_pipeline": Lab(
         ("split_model", "send_forward", "recv_forward", "send_backward", "recv_backward",
          "gpipe_step", "one_f_one_b_step"),
@@ -208,7 +208,7 @@ LABS: dict[str, Lab] = {
             "split_model", "balanced_bounds", "send_forward", "recv_forward", "send_backward",
             "recv_backward", "run_schedule", "gpipe_step", "one_f_one_b_step", "gpipe",
             "one_f_one_b", "naive", "torch_schedule")),
-        engines=True),
+        engines=True, preload=("sympy",)),
     "lab06_tensor_parallel": Lab(
         ("CopyToRanks", "ReduceFromRanks", "ColumnParallelLinear", "RowParallelLinear",
          "ParallelMLP", "ParallelAttention", "vocab_parallel_cross_entropy"),
@@ -228,7 +228,7 @@ LABS: dict[str, Lab] = {
                  "torch.distributed.tensor.parallel.api:parallelize_module",
                  "lib_dist.tensor_parallel.dtensor:torch_parallel_mlp",
                  "lib_dist.tensor_parallel.dtensor:torch_parallel_attention"),
-        engines=True),
+        engines=True, preload=("torch._dynamo",)),
     "lab07_mixed_precision": Lab(
         ("LossScaler", "MasterWeights", "DistributedLossScaler", "ZeroOptimizer"),
         (*(f"lib_dist.mixed_precision:LossScaler.{method}" for method in (
@@ -243,7 +243,7 @@ LABS: dict[str, Lab] = {
         oracles=("torch.amp:GradScaler", "torch.amp.grad_scaler:GradScaler",
                  "torch:_amp_update_scale_", "torch:_amp_foreach_non_finite_check_and_unscale_",
                  "torch.distributed.optim:ZeroRedundancyOptimizer"),
-        engines=True),
+        engines=True, preload=("torch._dynamo",)),
     "lab08_parameter_server": Lab(
         ("serve", "work", "local_sgd", "gossip_step", "TopK"),
         (*(f"lib_dist.parameter_server:{name}" for name in (

@@ -53,7 +53,7 @@ def test_first_cluster_takes_over_the_standbys_and_a_second_starts_its_own() -> 
     assert set(got["parents"]) == {got["pids"]["engines"]}  # engines forked from the standby
     assert got["second_host"] != got["engine_host"]
     assert got["left"] == ""  # both claimed: nothing for a later cluster to claim
-    assert got["preloaded"] == [True, True]  # the lab's engine_imports, imported by the host
+    assert got["preloaded"] == [True, True]  # the lab's preload, imported by the host
     assert got["kernel_env"] is None
 
 
@@ -61,6 +61,7 @@ MODULE_KERNEL = '''
 import json, os, sys
 import psutil
 torch_before = "torch" in sys.modules  # imported by the wrapper, before this module ran
+wave_before = "wave" in sys.modules  # its --import too
 from lib_dist.cluster import Cluster
 waiting = dict(item.split("=") for item in os.environ["LIB_DIST_STANDBY"].split(","))
 engines = int(waiting["engines"].split(":")[0])
@@ -68,7 +69,8 @@ with Cluster(2, timeout=30) as cluster:
     ranks = cluster.run(lambda comm: comm.rank)
     parents = [psutil.Process(r["pid"]).ppid() for r in cluster.ranks]
     engines_parent = psutil.Process(engines).ppid()
-print(json.dumps(dict(torch_before=torch_before, argv=sys.argv[1:], path0=sys.path[0],
+    preloaded = cluster.run(lambda comm: "wave" in sys.modules)
+print(json.dumps(dict(torch_before=torch_before, wave_before=wave_before, preloaded=preloaded, argv=sys.argv[1:], path0=sys.path[0],
                       name=__name__, me=os.getpid(), engines=engines,
                       engines_parent=engines_parent, ranks=ranks,
                       parents=parents)))
@@ -78,12 +80,13 @@ print(json.dumps(dict(torch_before=torch_before, argv=sys.argv[1:], path0=sys.pa
 def test_a_python_module_kernel_shares_torch_with_the_engine_host_forked_from_it(
         tmp_path: Path) -> None:
     (tmp_path / "module_kernel.py").write_text(MODULE_KERNEL)
-    done = subprocess.run([sys.executable, standby.__file__, "--", sys.executable, "-m",
-                           "module_kernel", "-f", "x.json"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, standby.__file__, "--import", "wave", "--",
+                           sys.executable, "-m", "module_kernel", "-f", "x.json"], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["torch_before"] and got["name"] == "__main__"
+    assert got["wave_before"] and got["preloaded"] == [True, True]  # one import, shared
     assert got["argv"] == ["-f", "x.json"] and got["path0"] == str(tmp_path)
     assert got["engines_parent"] == got["me"]  # the engine host is forked from the kernel
     assert got["ranks"] == [0, 1] and set(got["parents"]) == {got["engines"]}

@@ -12,15 +12,17 @@ kernel starts; the wrapper then becomes the kernel, with `LIB_DIST_STANDBY` nami
 standby's pid and the pipe it listens on. The first local cluster the kernel starts claims
 them (`claim`, from `launchers`): a standby receives the command line, output file, directory
 and environment the launcher would have given a new process, and carries on as that process.
-`--import`: a module the engine host imports too, once, rather than every engine on its own.
+`--import MODULE`: imported once, ahead, rather than by every engine on its own: before the
+fork below (the kernel then shares it too), else by the engine host.
 Unclaimed, a standby dies with the kernel (parent-death signal) or when its pipe closes.
 
 When the kernel is this Python running a module (`python -m ipykernel_launcher ...`, what
 Jupyter starts), the wrapper imports torch first, forks the engine host from itself and runs
 the module in-process: kernel and engines then share one import of torch (over a CPU-second
-saved per graded submission) instead of each paying for its own. Otherwise it execs the kernel.
+saved per graded submission), and of each `--import` module, instead of each paying for its
+own. Otherwise it execs the kernel.
 
-Apart from that one import of torch, this file is run by path and imports only the standard
+Apart from those imports, this file is run by path and imports only the standard
 library: importing `lib_dist` (in a graded kernel, torch with it, and the lab's switched-off
 answers) is the kernel's business, after the grader arms its guard.
 """
@@ -205,7 +207,9 @@ def main() -> None:
     if module is not None:
         import torch  # noqa: F401 - once, for the kernel and the engine host forked from it
 
-        engines = fork("engines", imports)
+        for name in imports:
+            importlib.import_module(name)
+        engines = fork("engines", [])
     else:
         engines = start("engines", imports)
     controller = start("controller", [])
