@@ -280,6 +280,8 @@ def test_lab02_an_oracle_is_no_answer(lab02, student):
 
 
 def test_every_lab_declares_names_its_solution_defines_and_references_that_exist():
+    import importlib.util
+
     from grader.course import REPO
     from lib_dist.definitions import definitions
 
@@ -289,6 +291,8 @@ def test_every_lab_declares_names_its_solution_defines_and_references_that_exist
             == len(declared.asks)
         for reference in declared.references + declared.oracles:
             assert callable(lookup(reference)), reference
+        for module in declared.preload:
+            assert importlib.util.find_spec(module) is not None, (lab, module)
 
 
 def test_references_raise_everywhere_while_graded_and_only_for_that_lab():

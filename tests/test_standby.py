@@ -119,3 +119,14 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_module_to_import_ahead_that_is_missing_is_said_and_the_kernel_runs(
+        tmp_path: Path) -> None:
+    (tmp_path / "hello_kernel.py").write_text("print('kernel ran')")
+    done = subprocess.run([sys.executable, standby.__file__, "--import", "no_such_module_here",
+                           "--", sys.executable, "-m", "hello_kernel"], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "kernel ran"
+    assert "not imported ahead: No module named 'no_such_module_here'" in done.stderr

@@ -127,7 +127,7 @@ def _import_for(kind: str, extra: list[str], imported: dict[str, Any]) -> None:
 
         import_engine_modules()
         for name in extra:
-            importlib.import_module(name)  # once here, not once in every engine
+            _import_if_there(name)  # once here, not once in every engine
         imported["run"] = fork_engines
     else:
         from ipyparallel.controller.app import main
@@ -136,6 +136,14 @@ def _import_for(kind: str, extra: list[str], imported: dict[str, Any]) -> None:
             sys.argv = ["ipcontroller", *argv]
             main()
         imported["run"] = run
+
+
+def _import_if_there(name: str) -> None:
+    """Import `name` ahead; one missing is only a missed saving, so it is said and skipped."""
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        print(f"lib_dist standby: not imported ahead: {e}", file=sys.stderr)
 
 
 def start(kind: str, extra: list[str]) -> str:
@@ -208,7 +216,7 @@ def main() -> None:
         import torch  # noqa: F401 - once, for the kernel and the engine host forked from it
 
         for name in imports:
-            importlib.import_module(name)
+            _import_if_there(name)
         engines = fork("engines", [])
     else:
         engines = start("engines", imports)
