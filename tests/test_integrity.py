@@ -9,6 +9,7 @@ long enough to fool one comparison."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -280,8 +281,6 @@ def test_lab02_an_oracle_is_no_answer(lab02, student):
 
 
 def test_every_lab_declares_names_its_solution_defines_and_references_that_exist():
-    import importlib.util
-
     from grader.course import REPO
     from lib_dist.definitions import definitions
 

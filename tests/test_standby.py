@@ -70,9 +70,9 @@ with Cluster(2, timeout=30) as cluster:
     parents = [psutil.Process(r["pid"]).ppid() for r in cluster.ranks]
     engines_parent = psutil.Process(engines).ppid()
     preloaded = cluster.run(lambda comm: "wave" in sys.modules)
-print(json.dumps(dict(torch_before=torch_before, wave_before=wave_before, preloaded=preloaded, argv=sys.argv[1:], path0=sys.path[0],
-                      name=__name__, me=os.getpid(), engines=engines,
-                      engines_parent=engines_parent, ranks=ranks,
+print(json.dumps(dict(torch_before=torch_before, wave_before=wave_before, preloaded=preloaded,
+                      argv=sys.argv[1:], path0=sys.path[0], name=__name__, me=os.getpid(),
+                      engines=engines, engines_parent=engines_parent, ranks=ranks,
                       parents=parents)))
 '''
 
@@ -81,8 +81,8 @@ def test_a_python_module_kernel_shares_torch_with_the_engine_host_forked_from_it
         tmp_path: Path) -> None:
     (tmp_path / "module_kernel.py").write_text(MODULE_KERNEL)
     done = subprocess.run([sys.executable, standby.__file__, "--import", "wave", "--",
-                           sys.executable, "-m", "module_kernel", "-f", "x.json"], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+                           sys.executable, "-m", "module_kernel", "-f", "x.json"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["torch_before"] and got["name"] == "__main__"
