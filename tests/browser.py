@@ -66,3 +66,13 @@ def write_lab_settings(folder: Path) -> None:
         file = folder / "@jupyterlab" / f"{name}.jupyterlab-settings"
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text(json.dumps(values))
+
+
+def wait_for_kernel(page, timeout_ms: int = 120_000) -> None:
+    """Wait until the open notebook's kernel is started, connected and idle (the status bar
+    reads "Python 3 (ipykernel) | Idle"). The toolbar's execution indicator says idle before
+    any kernel exists; Run All clicked then finds no kernel, asks to select one, and runs
+    nothing."""
+    page.wait_for_function(
+        "() => /\\(ipykernel\\) \\| Idle/.test("
+        "document.querySelector('#jp-main-statusbar')?.innerText ?? '')", timeout=timeout_ms)

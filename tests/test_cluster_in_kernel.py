@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from jupyter_client.manager import start_new_kernel
@@ -43,8 +44,14 @@ def kernel():
             manager.shutdown_kernel(now=True)
 
 
+def cluster_files() -> set[Path]:
+    """The cluster files in the default IPython profile (what `ipcluster list` reads)."""
+    return set((Path.home() / ".ipython/profile_default/security").glob("cluster-*.json"))
+
+
 def test_notebook_functions_px_cells_and_kernel_death(kernel):
     manager, client = kernel
+    files_before = cluster_files()
     execute(client, "from lib_dist.cluster import Cluster\ncluster = Cluster(2, timeout=30).start()")
 
     # A function defined in the notebook, calling another notebook function and global.
@@ -76,3 +83,4 @@ def test_notebook_functions_px_cells_and_kernel_death(kernel):
     assert len(pids) == 3
     os.kill(manager.provisioner.process.pid, signal.SIGKILL)
     assert wait_until_dead(pids, within=10) == []
+    assert cluster_files() <= files_before  # none of its clusters left a file to trip on

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import chromium, write_lab_settings
+from browser import chromium, wait_for_kernel, write_lab_settings
 from local_servers import free_port, wait_until_answering
 
 REPO = Path(__file__).resolve().parent.parent
@@ -205,7 +205,7 @@ def complete_and_submit(browser, hub, student: str, answers: dict[int, str]) -> 
         page.click("#released_assignments_list >> button:has-text('Fetch')")
         page.wait_for_selector(f"#fetched_assignments_list >> text={LAB}", timeout=60_000)
     page.goto(f"{hub['base']}/user/{student}/lab/tree/{LAB}/{LAB}.ipynb")
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    wait_for_kernel(page)
     cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
     for index, source in answers.items():
         editor = cells.nth(index).locator(".cm-content")

@@ -65,6 +65,10 @@ class Cluster:
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
         options = dict(ipp_options or {})
         options.setdefault("engines", ForkedEngineSetLauncher)
+        # No cluster file in the profile: the kernel that started the cluster owns it, and a
+        # killed kernel would leave the file behind for `ipcluster` and JupyterLab's cluster
+        # panel, which cannot load lib_dist's launchers from it.
+        options.setdefault("cluster_file", "")
         local = options["engines"] in ("local", ForkedEngineSetLauncher)
         if device == "cuda" and local:
             check_gpus(n, torch.cuda.device_count() if torch.cuda.is_available() else 0,
