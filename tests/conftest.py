@@ -8,6 +8,7 @@ import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
 
@@ -58,6 +59,13 @@ def running(matches) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass
     return found
+
+
+def profile_files(cluster_id: str) -> list[Path]:
+    """Files of the cluster `cluster_id` in the default IPython profile (its logs, connection
+    and cluster files): none should be left once the cluster has ended."""
+    profile = Path.home() / ".ipython" / "profile_default"
+    return [f for f in profile.glob("*/*") if cluster_id in f.name]
 
 
 def wait_until_dead(pids: set[int] | list[int], within: float = 15.0) -> list[int]:

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from conftest import alive, wait_until_dead
+from conftest import alive, profile_files, wait_until_dead
 from lib_dist.cluster import Cluster, RankFailure, RankTimeout
 
 pytestmark = pytest.mark.timeout(180)
@@ -162,6 +162,7 @@ def test_stop_leaves_no_process_alive():
     assert len(pids) == 3 and len(alive(pids)) == 3
     c.stop()
     assert wait_until_dead(pids, within=5) == []
+    assert profile_files(c._ipp.cluster_id) == []  # nor logs, nor the controller's records
     c.stop()  # twice is fine
     with pytest.raises(RuntimeError, match="not running"):
         c.run(lambda comm: 0)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
+import time
 
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from conftest import wait_until_dead
+from conftest import profile_files, wait_until_dead
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -44,14 +44,8 @@ def kernel():
             manager.shutdown_kernel(now=True)
 
 
-def cluster_files() -> set[Path]:
-    """The cluster files in the default IPython profile (what `ipcluster list` reads)."""
-    return set((Path.home() / ".ipython/profile_default/security").glob("cluster-*.json"))
-
-
 def test_notebook_functions_px_cells_and_kernel_death(kernel):
     manager, client = kernel
-    files_before = cluster_files()
     execute(client, "from lib_dist.cluster import Cluster\ncluster = Cluster(2, timeout=30).start()")
 
     # A function defined in the notebook, calling another notebook function and global.
@@ -75,12 +69,19 @@ def test_notebook_functions_px_cells_and_kernel_death(kernel):
     assert out.strip() == "[(0, 2, 'cpu', 3.0), (1, 2, 'cpu', 3.0)]"
 
     # Stopping and starting again is quiet: no ipyparallel logs or engine output dumps.
+    first = execute(client, "print(cluster._ipp.cluster_id)").strip()
     execute(client, "cluster.stop(); cluster = Cluster(2, timeout=30).start()")
+    assert profile_files(first) == []
     assert execute(client, "print(cluster.run(work))").strip() == "[7, 17]"
 
     # Kill the kernel outright: no atexit, no stop(). The watchdog must clean up.
     pids = json.loads(execute(client, "import json; print(json.dumps(sorted(cluster.pids())))"))
+    second = execute(client, "print(cluster._ipp.cluster_id)").strip()
+    assert profile_files(second) != []  # the running controller's and engines' files
     assert len(pids) == 3
     os.kill(manager.provisioner.process.pid, signal.SIGKILL)
     assert wait_until_dead(pids, within=10) == []
-    assert cluster_files() <= files_before  # none of its clusters left a file to trip on
+    deadline = time.monotonic() + 10  # the reaper deletes them once the processes are gone
+    while profile_files(second) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert profile_files(second) == []

@@ -12,9 +12,9 @@ when every rank owns a GPU). In IPython it also activates `%%px`, where each eng
 What can go wrong is reported by rank: an exception on any rank raises `RankFailure` with
 the remote tracebacks; a call that does not finish within its timeout raises `RankTimeout`
 naming the ranks that hung, after the engines were restarted and the group rebuilt, so the
-same cluster runs the next call. Processes never outlive the cluster: `stop()` ends them,
-as do leaving the `with` block, interpreter exit, and, through a watchdog process, the death
-of the kernel itself.
+same cluster runs the next call. Processes never outlive the cluster, nor do the files they
+write: `stop()` ends them, as do leaving the `with` block, interpreter exit, and, through a
+watchdog process, the death of the kernel itself.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..comm import Trace
 from ..errors import RankFailure, RankTimeout
 from . import engine
 from .launchers import (ForkedEngineSetLauncher, StandbyControllerLauncher, engine_hosts,
-                        every_launcher)
+                        engine_list_file, every_launcher)
 from .outcome import breaks_the_group, collect, failed_in_communication, whereabouts
 from .placement import assign_devices, check_gpus
 from .reaper import Watchdog, kill_now, running
@@ -65,9 +65,7 @@ class Cluster:
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
         options = dict(ipp_options or {})
         options.setdefault("engines", ForkedEngineSetLauncher)
-        # No cluster file in the profile: the kernel that started the cluster owns it, and a
-        # killed kernel would leave the file behind for `ipcluster` and JupyterLab's cluster
-        # panel, which cannot load lib_dist's launchers from it.
+        # No cluster file: one a killed kernel left tripped ipcluster's and JupyterLab's lists.
         options.setdefault("cluster_file", "")
         local = options["engines"] in ("local", ForkedEngineSetLauncher)
         if device == "cuda" and local:
@@ -107,6 +105,7 @@ class Cluster:
         try:
             self._ipp.start_controller_sync()
             self._watchdog.watch(self._ipp.controller)
+            self._watchdog.delete_at_end(engine_list_file(self._ipp.controller))
             self._launch_engines()  # local ones import torch while the controller starts
             self._client = self._ipp.connect_client_sync()
             self._join_engines(before=set())
@@ -231,7 +230,7 @@ class Cluster:
         """Wait for the engines launched (those not in `before`), describe them, give each a
         rank and a device, and join them into one group."""
         ids = self._wait_for_new_engines(before)
-        infos = self.view_of(ids).apply_async(engine.describe).get(self.timeout)
+        infos = self.client[ids].apply_async(engine.describe).get(self.timeout)
         self.ranks = [dict(info, engine=eid) for eid, info in zip(ids, infos)]
         for info in self.ranks:
             if info["host"] == self.ranks[0]["host"]:
@@ -240,11 +239,6 @@ class Cluster:
         self._join_group()
         self.view.use_cloudpickle()
         self._activate_px()
-
-    def view_of(self, ids: list[int]) -> ipp.DirectView:
-        view = self.client[ids]
-        view.block = False
-        return view
 
     def _wait_for_new_engines(self, before: set[int]) -> list[int]:
         deadline = time.monotonic() + max(self.timeout, 60)

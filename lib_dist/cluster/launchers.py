@@ -75,3 +75,9 @@ def engine_hosts(engine_sets: Iterable[Any]) -> list[int]:
     """PIDs of the processes that forked local engines (`ForkedEngineSetLauncher`)."""
     return [launcher.process.pid for launcher in every_launcher(engine_sets)
             if isinstance(launcher, ForkedEngineSetLauncher) and launcher.process]
+
+
+def engine_list_file(controller: Any) -> str:
+    """Where a controller records its engines (the profile's log folder): a file ipyparallel
+    never deletes, one per cluster ever started."""
+    return os.path.join(controller.profile_dir, "log", f"engines{controller.cluster_id}.json")

@@ -2,14 +2,16 @@
 
 `Cluster` starts this file as a script (through `Watchdog`) with a pipe on its stdin and
 writes the PID and start time of every controller and engine it launches, one per
-line (the start time guards against a PID the system has since given to another process).
+line (the start time guards against a PID the system has since given to another process),
+and the files they write that would outlive them (their logs, the controller's engine list).
 When the pipe closes, because the cluster stopped or because the notebook's kernel died
 however it died, the reaper kills whatever of those processes (and their descendants) is
-still alive, then exits.
+still alive, deletes those files, then exits.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -31,20 +33,29 @@ class Watchdog:
                                         text=True, start_new_session=True)
 
     def watch(self, launcher: Any) -> None:
-        """Watch an ipyparallel launcher's process, where it has one on this host."""
+        """Watch an ipyparallel launcher's process, where it has one on this host, and
+        delete its output file at the end."""
         process = getattr(launcher, "process", None)
         if process is not None:
             self.watch_pid(process.pid)
+        if getattr(launcher, "output_file", ""):
+            self.delete_at_end(launcher.output_file)
 
     def watch_pid(self, pid: int) -> None:
-        if self._reaper is None or self._reaper.stdin is None:
-            return
         try:
             created = psutil.Process(pid).create_time()
         except psutil.NoSuchProcess:
             return
-        self._reaper.stdin.write(f"{pid} {created}\n")
-        self._reaper.stdin.flush()
+        self._tell(f"pid {pid} {created}")
+
+    def delete_at_end(self, path: str) -> None:
+        """Delete the file at `path` once the processes have ended (if it is there)."""
+        self._tell(f"file {path}")
+
+    def _tell(self, line: str) -> None:
+        if self._reaper is not None and self._reaper.stdin is not None:
+            self._reaper.stdin.write(line + "\n")
+            self._reaper.stdin.flush()
 
     def stop(self) -> None:
         """Close the pipe: the reaper ends what is left, then exits."""
@@ -120,10 +131,20 @@ def _running(p: psutil.Process) -> bool:
 
 def main() -> None:
     pids: dict[int, float] = {}
+    files: list[str] = []
     for line in sys.stdin:
-        pid, created = line.split()
-        pids[int(pid)] = float(created)
+        kind, _, rest = line.rstrip("\n").partition(" ")
+        if kind == "pid":
+            pid, created = rest.split()
+            pids[int(pid)] = float(created)
+        elif kind == "file":
+            files.append(rest)
     kill_trees(pids)
+    for path in files:
+        try:
+            os.remove(path)
+        except OSError:  # gone already (a clean stop removes the logs itself), or never made
+            pass
 
 
 if __name__ == "__main__":
