@@ -12,6 +12,7 @@ import nbformat
 
 from .course import Course
 from .grading import Submission, autograde, cell_scores, release
+from .pool import default_jobs
 
 
 def check(course: Course, progress: bool = True) -> list[str]:
@@ -25,7 +26,8 @@ def check(course: Course, progress: bool = True) -> list[str]:
         problems += _compare_releases(course, scratch, labs)
         subs = [Submission("solution", lab, course.source_notebook(lab)) for lab in labs]
         subs += [Submission("release", lab, scratch.released_notebook(lab)) for lab in labs]
-        for outcome in autograde(scratch, subs, progress=progress):
+        for outcome in autograde(scratch, subs, progress=progress,
+                                 jobs=default_jobs(scratch.limits)):
             sub = outcome.submission
             if outcome.error:
                 problems.append(f"{sub.lab}: grading the {sub.student} failed: {outcome.error}")
