@@ -8,6 +8,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -68,12 +69,17 @@ def profile_files(cluster_id: str) -> list[Path]:
     return [f for f in profile.glob("*/*") if cluster_id in f.name]
 
 
+def wait_until_empty(found: Callable[[], list], within: float) -> list:
+    """Poll `found()` until it returns nothing or `within` seconds pass; its last answer."""
+    deadline = time.monotonic() + within
+    while (left := found()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def wait_until_dead(pids: set[int] | list[int], within: float = 15.0) -> list[int]:
     """Poll until none of the PIDs is alive or `within` seconds pass; return survivors."""
-    deadline = time.monotonic() + within
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return alive(pids)
+    return wait_until_empty(lambda: alive(pids), within)
 
 
 def course_with_lab(root, lab: str, **options):

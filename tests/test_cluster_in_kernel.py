@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from conftest import profile_files, wait_until_dead
+from conftest import profile_files, wait_until_dead, wait_until_empty
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -81,7 +80,5 @@ def test_notebook_functions_px_cells_and_kernel_death(kernel):
     assert len(pids) == 3
     os.kill(manager.provisioner.process.pid, signal.SIGKILL)
     assert wait_until_dead(pids, within=10) == []
-    deadline = time.monotonic() + 10  # the reaper deletes them once the processes are gone
-    while profile_files(second) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert profile_files(second) == []
+    # the reaper deletes them once the processes are gone
+    assert wait_until_empty(lambda: profile_files(second), within=10) == []
