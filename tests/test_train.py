@@ -4,6 +4,7 @@ and the memory budget (the estimate equals what autograd really saves)."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -186,3 +187,10 @@ def test_instructor_accumulated_step_equals_one_step_on_the_whole_batch():
     (mine, my_losses), (whole, whole_losses) = results
     assert (mine - whole).abs().max() < 1e-12
     assert my_losses == pytest.approx(whole_losses, abs=1e-12)
+
+
+def test_describe_machine_names_the_processor_and_torchs_kernel_path():
+    from lib_dist.train import describe_machine
+    line = describe_machine()
+    assert str(torch.backends.cpu.get_cpu_capability()) in line and torch.__version__ in line
+    assert f"{os.cpu_count()} cores" in line and "\n" not in line
