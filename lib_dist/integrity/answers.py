@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import oracles
+from . import current, oracles
 from .stubs import AskedToWrite
 
 _WRAPPERS: dict[int, Callable[..., Any]] = {}  # id -> wrapper, kept alive
@@ -129,10 +129,9 @@ def _answering(guard: int, name: str, fn: Callable[..., Any], args: Any, kwargs:
 
 
 def _after_answer(guard: int, name: str, result: Any) -> Any:
-    from .guard import ARMED  # here: the guard imports this module
-
-    if ARMED is not None and id(ARMED) == guard:  # on an engine, nothing is armed
-        ARMED.raise_if_changed(f"when {name} returned")
+    checking = current.guard()
+    if checking is not None and id(checking) == guard:  # on an engine, nothing is armed
+        checking.raise_if_changed(f"when {name} returned")
         require_plain(result, name)
     return result
 

@@ -34,12 +34,12 @@ import sys
 from typing import Any
 
 from ..extend import LABS
+from . import current
 from .answers import Tampering, checked, checked_class, defined_in, refusing
 from .oracles import guard_oracles, watched
 from .snapshot import Snapshot, classes_of, namespace_changes, trusted_modules
 from .stubs import switch_off_references, taken_from_oracle
 
-ARMED: Guard | None = None
 _AUDITED = frozenset({"import", "exec", "object.__setattr__"})
 
 
@@ -49,8 +49,7 @@ class Guard:
     armed: list[Guard] = []  # where the grader finds it (`grader.integrity.findings`)
 
     def __init__(self, lab: str, notebook_namespace: dict[str, Any]):
-        global ARMED
-        ARMED = self
+        current.arm(self)
         self.lab_name, self.lab = lab, LABS[lab]
         self.user_ns = notebook_namespace
         self.ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -160,10 +159,11 @@ def arm(lab: str) -> str:
 
 
 def run(source: str, cell: str, graded: bool = True) -> None:
-    """What a routed cell calls: `ARMED.run`."""
-    if ARMED is None:
+    """What a routed cell calls: the armed guard's `Guard.run`."""
+    guard = current.guard()
+    if not isinstance(guard, Guard):
         raise RuntimeError("no guard is armed in this kernel")
-    ARMED.run(source, cell, graded)
+    guard.run(source, cell, graded)
 
 
 def bound_names(source: str) -> set[str]:
@@ -201,4 +201,4 @@ def _listed(changed: list[str], most: int = 5) -> str:
     return shown + (f" and {len(changed) - most} more" if len(changed) > most else "")
 
 
-__all__ = ["ARMED", "Guard", "Tampering", "arm", "bound_names", "run"]
+__all__ = ["Guard", "Tampering", "arm", "bound_names", "run"]
