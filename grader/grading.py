@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -18,28 +17,11 @@ from .errors import GradingError
 from .pool import grade_at_once
 from .processes import become_subreaper, descendants, sweep
 from .sandbox import unavailable
+from .submission import Outcome, Submission
 from .tuner_cache import prepare as prepare_tuner_cache
 
 # nbgrader 0.9's gradebook trips SQLAlchemy 2's autoflush warnings on every submission.
 warnings.filterwarnings("ignore", category=SAWarning)
-
-
-@dataclass(frozen=True)
-class Submission:
-    student: str
-    lab: str
-    path: Path
-
-
-@dataclass(frozen=True)
-class Outcome:
-    submission: Submission
-    score: float | None
-    max_score: float | None
-    seconds: float
-    strays: int  # processes the submission left behind, ended by the grader
-    error: str = ""
-    started: float = 0.0  # time.time() when its grading began
 
 
 def release(course: Course, labs: list[str] | None = None) -> list[str]:
@@ -103,7 +85,8 @@ def autograde(course: Course, submissions: list[Submission], progress: bool = Tr
                disable=not progress)
     with bar:
         if jobs > 1 and len(submissions) > 1:
-            return grade_at_once(course, submissions, jobs, lambda sub: bar.update())
+            return grade_at_once(course, submissions, jobs, grade_one,
+                                 lambda sub: bar.update())
         become_subreaper()
         outcomes = []
         for sub in submissions:

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 from nbgrader.api import Gradebook
 
 from .processes import become_subreaper
+from .submission import Outcome, Submission
 
 if TYPE_CHECKING:
     from .course import Course
-    from .grading import Outcome, Submission
     from .sandbox import Limits
 
 
@@ -44,11 +44,11 @@ def default_jobs(limits: Limits) -> int:
 
 
 def grade_at_once(course: Course, submissions: list[Submission], jobs: int,
+                  grade: Callable[[Course, Submission], Outcome],
                   done: Callable[[Submission], None]) -> list[Outcome]:
-    """Grade `submissions` with at most `jobs` in flight; their outcomes, in the same order.
-    `done` is called as each one finishes (the progress bar)."""
-    from .grading import grade_one
-
+    """Grade `submissions` with at most `jobs` in flight, each by `grade(course, submission)`
+    in a worker (`grading.grade_one`); their outcomes, in the same order. `done` is called as
+    each one finishes (the progress bar)."""
     enter_students(course, {s.student for s in submissions})
     portable = dataclasses.replace(course, _api=None)  # nbgrader's API stays in its process
     pending = by_turns(submissions)
@@ -61,7 +61,7 @@ def grade_at_once(course: Course, submissions: list[Submission], jobs: int,
         while pending or running:
             for i in next_to_start(submissions, pending, running, jobs):
                 pending.remove(i)
-                running[start(pool, grade_one, portable, submissions[i])] = i
+                running[start(pool, grade, portable, submissions[i])] = i
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 i = running.pop(future)
@@ -107,8 +107,6 @@ def start(pool: ProcessPoolExecutor, grade: Callable, *args) -> Future:
 
 def outcome_of(future: Future, sub: Submission) -> Outcome:
     """The worker's outcome; a worker that died grading it fails this submission, saying so."""
-    from .grading import Outcome
-
     try:
         return future.result()
     except Exception as error:  # noqa: BLE001 - reported as this submission's failure
