@@ -15,6 +15,7 @@ import random
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lib_dist.comm import SimulatedWorld
 from lib_dist.comm.algorithms import ring
@@ -260,6 +261,64 @@ def test_unscale_divides_by_the_scale_once():
     assert torch.equal(p.grad, g)
     scaler.step(opt)  # no second unscale
     assert torch.equal(p.detach(), 1 - 0.1 * g)
+
+
+class RecordOps(TorchDispatchMode):
+    """The aten operators run inside it, by name: on a GPU each one is a kernel launched, and
+    `aten._local_scalar_dense` (`.item()`, `bool(t)`) a wait until the device has finished."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class NoStep:
+    """An optimizer whose step does nothing: only the scaler's own operators are recorded."""
+
+    def __init__(self, params):
+        self.param_groups = [{"params": params}]
+
+    def step(self):
+        return None
+
+
+def test_loss_scaler_waits_once_per_step_and_launches_as_much_for_any_number_of_gradients():
+    """fp32 and bf16 gradients (two groups), steps that are clean, grow the scale, and overflow:
+    every step reads one flag from the device, as GradScaler does, and runs the same operators
+    for 40 gradients as for 4 (a check per gradient would wait 40 times)."""
+    values = [1.0, 2.0, INF, 3.0, NAN, 1.0]
+    recorded = {}
+    for n in (4, 40):
+        for name, scaler in (("ours", LossScaler(init_scale=4.0, growth_interval=2)),
+                             ("torch", torch.amp.GradScaler("cpu", init_scale=4.0,
+                                                            growth_interval=2))):
+            params = [torch.zeros(3, dtype=torch.bfloat16 if k % 2 else torch.float32)
+                      for k in range(n)]
+            optimizer, steps, scales = NoStep(params), [], []
+            scaler.scale(torch.ones(()))  # GradScaler creates its scale on first use
+            for value in values:
+                for k, p in enumerate(params):
+                    p.grad = torch.full_like(p, value if k == n - 1 else 1.0)
+                before = scaler.get_scale()
+                with RecordOps() as record:
+                    scaler.step(optimizer)
+                    scaler.update()
+                steps.append(record.ops)
+                assert params[0].grad[0].item() == 1.0 / before  # unscaled, in both groups
+                assert params[1].grad[0].item() == 1.0 / before
+                scales.append(scaler.get_scale())
+            recorded[name, n], recorded[name, n, "scales"] = steps, scales
+    for n in (4, 40):
+        assert [ops.count("aten._local_scalar_dense.default") for ops in recorded["ours", n]] \
+            == [ops.count("aten._local_scalar_dense.default") for ops in recorded["torch", n]] \
+            == [1] * len(values)
+    assert recorded["ours", 4] == recorded["ours", 40]
+    assert recorded["ours", 40, "scales"] == recorded["torch", 40, "scales"] == [4, 8, 4, 4, 2, 2]
+    assert len(recorded["ours", 40][0]) <= len(recorded["torch", 40][0])  # a clean step
 
 
 @pytest.mark.parametrize("hyper", HYPERS[1:4], ids=str)
