@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from .base import PointToPoint, chunk_bounds, wait_all
+from .point_to_point import PointToPoint, chunk_bounds, wait_all
 from .trace import AlphaBeta
 
 StepHook = Callable[[int], None]

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .base import Handle
+from .point_to_point import Handle
 from .errors import CommError
 
 

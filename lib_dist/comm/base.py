@@ -24,7 +24,8 @@ operation is recorded in `trace` (see `lib_dist.comm.trace`): a collective as on
 name, after the messages it was built from (none on a backend with native collectives).
 
 Backends implement `_post_send`, `_post_recv` and `world_barrier`, nothing else. What the
-all-reduce algorithms need of a rank is less than a communicator: `PointToPoint`.
+all-reduce algorithms need of a rank is less than a communicator: `PointToPoint`, with
+`Handle`, in `lib_dist.comm.point_to_point`, below this module and the algorithms.
 """
 
 from __future__ import annotations
@@ -33,41 +34,17 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal, Protocol
+from typing import Literal
 
 import torch
 
+from .algorithms import gather_broadcast
+from .background import start_after
 from .errors import CommError
+from .point_to_point import Handle, PointToPoint, chunk_bounds, wait_all
 from .trace import Event, Trace
 
 ReduceOp = Literal["sum", "avg"]
-
-
-class Handle(ABC):
-    """A started operation. `wait()` blocks until it completes or raises `CommError`."""
-
-    @abstractmethod
-    def wait(self) -> None: ...
-
-    @abstractmethod
-    def is_completed(self) -> bool: ...
-
-
-class PointToPoint(Protocol):
-    """A rank that can message the others: all the all-reduce algorithms and the tuner need.
-    Every `Communicator` is one; so is the torch backend's untraced lane for the messages
-    inside its own collectives."""
-
-    rank: int
-    world_size: int
-
-    def isend(self, tensor: torch.Tensor, dst: int) -> Handle: ...
-
-    def irecv(self, buffer: torch.Tensor, src: int) -> Handle: ...
-
-    def send(self, tensor: torch.Tensor, dst: int) -> None: ...
-
-    def recv(self, buffer: torch.Tensor, src: int) -> None: ...
 
 
 class _TracedHandle(Handle):
@@ -157,8 +134,6 @@ class Communicator(ABC):
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
         """Reduce `tensor` over all ranks, in place on every rank; returns it. Every rank
         sends its tensor to rank 0, which adds them up and sends the total back."""
-        from .algorithms import gather_broadcast  # built on this module: imported late
-
         _check_op(op, tensor)
         self._check_tensor(tensor, "all_reduce")
         with self._traced("all_reduce", nbytes=tensor.nbytes):
@@ -172,8 +147,6 @@ class Communicator(ABC):
         reading `tensor`. Started operations run in order on a thread of this rank's; until
         all are waited for, call nothing else on this communicator (`lib_dist.comm.background`).
         """
-        from .background import start_after
-
         _check_op(op, tensor)
         self._check_tensor(tensor, "all_reduce_async")
         self._last_async = start_after(getattr(self, "_last_async", None),
@@ -263,21 +236,12 @@ class Communicator(ABC):
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
 
 
-def wait_all(handles: list[Handle]) -> None:
-    """Wait for every handle, in order."""
-    for h in handles:
-        h.wait()
-
-
-def chunk_bounds(n: int, world_size: int) -> list[tuple[int, int]]:
-    """[start, end) of each rank's chunk of n elements: equal chunks of ceil(n / world_size),
-    the last ones shorter or empty. This is the split reduce_scatter uses."""
-    size = -(-n // world_size)
-    return [(min(r * size, n), min((r + 1) * size, n)) for r in range(world_size)]
-
-
 def _check_op(op: str, tensor: torch.Tensor) -> None:
     if op not in ("sum", "avg"):
         raise ValueError(f"reduce op must be 'sum' or 'avg', got {op!r}")
     if op == "avg" and not tensor.is_floating_point():
         raise ValueError(f"'avg' needs a floating tensor, got {tensor.dtype}")
+
+
+__all__ = ["Communicator", "Handle", "PointToPoint", "ReduceOp",
+           "chunk_bounds", "wait_all"]
