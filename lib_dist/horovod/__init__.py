@@ -13,7 +13,8 @@ end to end:
 
 - `basics`: `init`, `shutdown`, `size`, `rank`, local and cross ranks, what is built;
 - `ops`, `gather`: allreduce, allgather, broadcast (in place `_`, asynchronous `_async` with int
-  handles, `synchronize`, `poll`), `barrier`, `join`; `autograd`: their gradients;
+  handles, `synchronize`, `poll`), `barrier`, `join`; `autograd`: their out-of-place forms,
+  differentiable;
 - `objects`: `broadcast_object`, `allgather_object`, `broadcast_parameters`,
   `broadcast_optimizer_state`;
 - `optimizer`: `DistributedOptimizer`, its Tensor Fusion (`HOROVOD_FUSION_THRESHOLD`);
@@ -29,17 +30,17 @@ from .basics import (
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
     stop_timeline,
 )
+from .autograd import allgather, allreduce, broadcast
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from .objects import (
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
 )
 from .gather import (
-    allgather, allgather_async, barrier, broadcast, broadcast_, broadcast_async, broadcast_async_,
-    join,
+    allgather_async, barrier, broadcast_, broadcast_async, broadcast_async_, join,
 )
 from .ops import (
-    Adasum, Average, Max, Min, Product, Sum, allreduce, allreduce_, allreduce_async,
-    allreduce_async_, poll, synchronize,
+    Adasum, Average, Max, Min, Product, Sum, allreduce_, allreduce_async, allreduce_async_, poll,
+    synchronize,
 )
 from .optimizer import DistributedOptimizer
 from .unsupported import (

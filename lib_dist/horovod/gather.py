@@ -30,18 +30,6 @@ def _allgather(tensor: torch.Tensor, name: str | None, process_set: Any, blockin
                  lambda: out[0], blocking)
 
 
-def allgather(tensor: torch.Tensor, name: str | None = None,
-              process_set: Any = None) -> torch.Tensor:
-    """Every rank's `tensor` concatenated along the first dimension, in rank order. The first
-    dimension may differ between ranks, the others and the dtype may not. Differentiable."""
-    if tensor.requires_grad and torch.is_grad_enabled():
-        from .autograd import allgather_with_grad
-
-        return allgather_with_grad(tensor, name, process_set)
-    result: torch.Tensor = _allgather(tensor, name, process_set, True)
-    return result
-
-
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: Any = None) -> int:
     """Start `allgather(tensor)`; `synchronize(handle)` returns the concatenation."""
@@ -73,17 +61,6 @@ def _broadcast(tensor: torch.Tensor, root_rank: int, in_place: bool, name: str |
             s.comm.broadcast(work, root_rank)
 
     return start(s, "BROADCAST", name, work.nbytes, run, finish, blocking)
-
-
-def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
-              process_set: Any = None) -> torch.Tensor:
-    """A new tensor holding rank `root_rank`'s `tensor`, on every rank. Differentiable."""
-    if tensor.requires_grad and torch.is_grad_enabled():
-        from .autograd import broadcast_with_grad
-
-        return broadcast_with_grad(tensor, root_rank, name, process_set)
-    result: torch.Tensor = _broadcast(tensor, root_rank, False, name, process_set, True)
-    return result
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,

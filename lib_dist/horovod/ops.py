@@ -6,7 +6,7 @@ As in Horovod, `allreduce`, `allgather` and `broadcast` return new tensors and l
 input alone, the `_` forms write into it, and the `_async` forms return a handle at once:
 `synchronize(handle)` returns the output. Asynchronous operations run in start order on
 background threads (`queue`); a blocking operation first waits for them. The out-of-place
-forms are differentiable, as Horovod's are (`autograd`).
+forms are differentiable, as Horovod's are: they are in `autograd`, built on these.
 
 The reductions: `Sum` and `Average` run the communicator's all-reduce (lib_dist's tuned one on
 gloo); `Min`, `Max` and `Product` gather every rank's tensor and reduce locally. Average of an
@@ -129,22 +129,6 @@ def _allreduce(tensor: torch.Tensor, out: torch.Tensor | None, average: bool | N
     return start(s, "ALLREDUCE", name, work.nbytes,
                  lambda: reduce_in_place(s.comm, work, op, prescale_factor, postscale_factor),
                  finish, blocking)
-
-
-def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-              compression: type[Compressor] = NoneCompressor, op: Any = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-              process_set: Any = None) -> torch.Tensor:
-    """A new tensor: `tensor` reduced over all ranks by `op` (default `Average`), sent
-    compressed by `compression`. Differentiable: the gradient is all-reduced the same way."""
-    if tensor.requires_grad and torch.is_grad_enabled():
-        from .autograd import allreduce_with_grad
-
-        return allreduce_with_grad(tensor, average, name, compression, op, prescale_factor,
-                                   postscale_factor, process_set)
-    result: torch.Tensor = _allreduce(tensor, None, average, name, op, prescale_factor,
-                                      postscale_factor, process_set, True, compression)
-    return result
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,

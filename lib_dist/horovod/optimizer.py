@@ -37,10 +37,10 @@ from typing import Any, cast
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from ..comm import Handle, ReduceOp
+from ..comm import Handle, ReduceOp as CommOp
 from ..data_parallel import Buckets
 from . import basics
-from .basics import State
+from .basics import ReduceOp, State
 from .compression import Compressor, NoneCompressor
 from .ops import Average, Sum, reduce_op, timed
 from .unsupported import check_process_set
@@ -184,7 +184,7 @@ class _GradientSync:
             self.pending = False
         self.synchronized = True
 
-    def _start(self, sent: torch.Tensor, op: ReduceOp) -> Handle:
+    def _start(self, sent: torch.Tensor, op: CommOp) -> Handle:
         """Start one bucket's all-reduce on the queue, named by its tensors."""
         s = self.state
         assert self.buckets is not None
