@@ -79,7 +79,7 @@ def make_step(name: str, comm, lab_data_parallel):
         wrapped = DataParallel(model, comm)
     elif name == "lab solution":
         wrapped = lab_data_parallel(model, comm)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if name == "horovod":
         import lib_dist.horovod as hvd
 

@@ -40,7 +40,7 @@ import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -97,7 +97,9 @@ class Scaled:
 
 
 class NoStep:
-    """An optimizer over `params` whose step does nothing: the scaler's own work alone."""
+    """An optimizer over `params` whose step does nothing: the scaler's own work alone. Not a
+    torch.optim.Optimizer (whose step hooks would be timed too): what the scalers use of one,
+    `param_groups`, `state` and `step()`."""
 
     def __init__(self, params: list[torch.Tensor]):
         self.param_groups = [{"params": params}]
@@ -105,6 +107,16 @@ class NoStep:
 
     def step(self) -> None:
         return None
+
+    @classmethod
+    def of(cls, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        """One, where the scalers' signatures say torch.optim.Optimizer."""
+        return cast(torch.optim.Optimizer, cls(params))
+
+
+def grad_of(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None, "every parameter has a gradient after backward"
+    return p.grad
 
 
 class Variant:
@@ -152,7 +164,7 @@ def scaler_alone(variant: Variant, rounds: int, calls: int) -> dict[str, list[fl
     for _ in range(30):  # the largest scale, from the scaler's, whose gradients are finite
         variant.optimizer.zero_grad(set_to_none=True)
         (lm_loss(variant.model(variant.x), variant.y) * scale).backward()
-        grads = [p.grad.clone() for p in variant.gpt.parameters()]
+        grads = [grad_of(p).clone() for p in variant.gpt.parameters()]
         if all(torch.isfinite(g).all() for g in grads):
             break
         scale /= 2
@@ -163,7 +175,7 @@ def scaler_alone(variant: Variant, rounds: int, calls: int) -> dict[str, list[fl
         for scaler_name in ("GradScaler", "LossScaler"):
             params = [p.detach().clone().requires_grad_() for p in variant.gpt.parameters()]
             optimizer = (torch.optim.AdamW(params, lr=3e-3) if optimizer_name == "AdamW"
-                         else NoStep(params))
+                         else NoStep.of(params))
             scaler = (torch.amp.GradScaler("cpu", init_scale=scale) if scaler_name == "GradScaler"
                       else LossScaler(init_scale=scale))
             scaler.scale(torch.ones(()))  # GradScaler creates its scale tensor on first use

@@ -41,6 +41,7 @@ import torch
 from lib_dist.cluster import Cluster
 from lib_dist.data import TokenBatches
 from lib_dist.models import GPTConfig
+from lib_dist.parameter_server.server import Mode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ps_link import link_table  # noqa: E402
@@ -83,7 +84,7 @@ def ps_measure(comm: Any, config: GPTConfig, batches: list, rounds: int, steps: 
             ring(comm, grad)
             load_flat(model, flat_parameters(model) - LR / comm.world_size * grad)
 
-    def ps(servers: int, mode: str):
+    def ps(servers: int, mode: Mode):
         return lambda: parameter_server(comm, initial, servers, steps, LR, batch_fn,
                                         next_token_loss, mode=mode)
 
@@ -97,7 +98,7 @@ def ps_measure(comm: Any, config: GPTConfig, batches: list, rounds: int, steps: 
 
 
 def convergence(comm: Any, config: GPTConfig, batches: list, val: tuple, steps: int,
-                mode: str) -> tuple[float, float]:
+                mode: Mode) -> tuple[float, float]:
     """(seconds the job took, validation loss of the server's parameters) after `steps`
     steps per worker, 1 server and 3 workers."""
     import torch

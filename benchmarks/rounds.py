@@ -16,7 +16,8 @@ import random
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import cloudpickle
 
@@ -25,7 +26,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 Times = dict[str, list[float]]
 
 
-def interleaved(comm: Any, calls: dict[str, Callable[[], object]], rounds: int,
+def interleaved(comm: Any, calls: Mapping[str, Callable[[], object]], rounds: int,
                 steps: int = 1) -> tuple[Times, Times]:
     """(seconds, CPU seconds) per step of each call, by round; `comm`'s trace is cleared after
     each round (the timed calls' messages are not needed, and many). `comm` None: one process

@@ -55,10 +55,12 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from lib_dist.cluster import Cluster
+from lib_dist.comm import Communicator
 
 from rounds import interleaved  # benchmarks/rounds.py, beside this script
 
@@ -82,6 +84,12 @@ class Alone:
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         return [tensor] * self.world_size
 
+    @classmethod
+    def of(cls, rank: int, world_size: int) -> Communicator:
+        """One, where the parallel blocks' signatures say Communicator: all they call of it
+        is `rank`, `world_size`, `all_reduce` and `all_gather`."""
+        return cast(Communicator, cls(rank, world_size))
+
 
 def build(name: str, kind: str, comm, block, mesh) -> torch.nn.Module:
     from lib_dist.tensor_parallel import ParallelAttention, ParallelMLP
@@ -91,19 +99,24 @@ def build(name: str, kind: str, comm, block, mesh) -> torch.nn.Module:
     if name.startswith("torch"):
         return (torch_parallel_mlp if kind == "mlp" else torch_parallel_attention)(full, mesh)
     ours = ParallelMLP if kind == "mlp" else ParallelAttention
-    return ours(full, Alone(comm.rank, comm.world_size) if name == "compute only" else comm)
+    return ours(full, Alone.of(comm.rank, comm.world_size) if name == "compute only" else comm)
 
 
 def local_grads(module: torch.nn.Module, kind: str) -> list[torch.Tensor]:
     """This rank's parameter gradients in lib_dist's layout (torch's q, k, v fused back)."""
     from torch.distributed.tensor import DTensor
 
-    grads = {n: p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-             for n, p in module.named_parameters()}
+    grads = {n: g.to_local() if isinstance(g, DTensor) else g
+             for n, g in ((n, grad_of(p)) for n, p in module.named_parameters())}
     if kind == "attn" and "q.weight" in grads:
         for part in ("weight", "bias"):
             grads[f"qkv.{part}"] = torch.cat([grads.pop(f"{p}.{part}") for p in "qkv"])
     return [grads[n] for n in sorted(grads)]
+
+
+def grad_of(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None, "every parameter has a gradient after backward"
+    return p.grad
 
 
 def measure(comm, rounds: int, steps: int, batch: int, seq: int, threads: int) -> dict:
@@ -147,7 +160,7 @@ def measure(comm, rounds: int, steps: int, batch: int, seq: int, threads: int) -
             if name == "compute only":
                 continue
             error = max((a - b).abs().max().item() for a, b in [
-                (got[0], want[0]), (got[1].grad, want[1].grad),
+                (got[0], want[0]), (grad_of(got[1]), grad_of(want[1])),
                 *zip(local_grads(modules[kind, name], kind), want_grads, strict=True)])
             assert error < 1e-4, f"rank {comm.rank}: {kind} {name} differs from torch's by {error}"
             errors[f"{kind} {name}"] = error

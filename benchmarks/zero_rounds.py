@@ -51,6 +51,10 @@ def zero_measure(comm, config, batches, rounds: int, steps: int, threads: int) -
         logits = model(x)
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
 
+    def grad_of(p: torch.Tensor) -> torch.Tensor:
+        assert p.grad is not None, "every parameter has a gradient after backward"
+        return p.grad
+
     def build(name):
         torch.manual_seed(0)  # the same model on every rank and in every variant
         model = GPT(config)
@@ -58,11 +62,11 @@ def zero_measure(comm, config, batches, rounds: int, steps: int, threads: int) -
         if name == "ZeRO-1":
             zero = ZeroOptimizer(params, comm, torch.optim.AdamW, lr=3e-3, betas=(0.9, 0.99))
 
-            def step():
+            def zero_step():
                 zero.zero_grad()
                 loss_of(model).backward()
                 zero.step()
-            return model, zero, step
+            return model, zero, zero_step
         optimizer = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.99))
         wrapped = DataParallel(model, comm) if "DataParallel" in name else model
 
@@ -70,10 +74,11 @@ def zero_measure(comm, config, batches, rounds: int, steps: int, threads: int) -
             optimizer.zero_grad(set_to_none=True)
             loss_of(wrapped).backward()
             if wrapped is model:  # one all-reduce of the flattened gradients, gloo's
-                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                grads = [grad_of(p) for p in params]
+                flat = torch.cat([g.reshape(-1) for g in grads])
                 comm.all_reduce(flat, op="avg", algorithm="native")
-                for p, piece in zip(params, flat.split([p.numel() for p in params])):
-                    p.grad.copy_(piece.view_as(p))
+                for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
+                    g.copy_(piece.view_as(g))
             optimizer.step()
         return model, optimizer, step
 
