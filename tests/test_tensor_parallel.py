@@ -22,7 +22,8 @@ from lib_dist.models.gpt import GPT, Block, GPTConfig
 from lib_dist.tensor_parallel import (ColumnParallelLinear, ParallelAttention, ParallelBlock,
                                       ParallelMLP, RowParallelLinear, TensorParallelGPT,
                                       VocabParallelEmbedding, copy_to_ranks, gather_from_ranks,
-                                      reduce_from_ranks, unshard, vocab_parallel_cross_entropy)
+                                      linear_overlapped, reduce_from_ranks, unshard,
+                                      vocab_parallel_cross_entropy)
 from lib_dist.tensor_parallel.cost import (block_bytes_per_token, block_communication_time,
                                            layout, layouts)
 from lib_dist.train.memory import gpt_num_params
@@ -98,6 +99,32 @@ def test_column_parallel_linear_gives_the_full_layers_output_and_gradients(tp, g
         close(g, xf.grad)
     close(unshard(list(w_grads), 0), full.weight.grad)
     close(unshard(list(b_grads), 0), full.bias.grad)
+
+
+@pytest.mark.parametrize("tp", TPS)
+def test_linear_overlapped_gives_the_column_layers_numbers_with_its_all_reduce_in_flight(tp):
+    """The same products as ColumnParallelLinear, so the same bits, and the same one all-reduce
+    backward (started asynchronously, and waited for before the backward returns)."""
+    torch.manual_seed(0)
+    full = nn.Linear(8, 12, dtype=F64)
+    x, weights = randn(3, 5, 8, seed=1), randn(3, 5, 12, seed=2)
+
+    def body(comm):
+        out = []
+        for overlap in (False, True):
+            layer = ColumnParallelLinear(full, comm)
+            xr = x.clone().requires_grad_()
+            y = linear_overlapped(xr, layer.weight, layer.bias, comm) if overlap else layer(xr)
+            before = all_reduces(comm)
+            (y * weights.chunk(comm.world_size, -1)[comm.rank]).sum().backward()
+            out.append((y.detach(), xr.grad, layer.weight.grad, layer.bias.grad,
+                        all_reduces(comm) - before))
+        return out
+
+    for plain, overlapped in SimulatedWorld(tp).run(body):
+        for a, b in zip(plain[:4], overlapped[:4]):
+            assert torch.equal(a, b)
+        assert plain[4] == overlapped[4] == 1
 
 
 @pytest.mark.parametrize("tp", TPS)

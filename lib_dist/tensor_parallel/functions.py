@@ -11,6 +11,12 @@ other's transpose (Megatron-LM calls them f and g):
 
 `gather_from_ranks` all-gathers a last dimension split over the ranks (backward: keep this
 rank's slice), for a column-parallel layer whose caller wants the whole output.
+
+`linear_overlapped` is f and a column-parallel layer's product in one function, whose backward
+starts the all-reduce of the input's gradient (`all_reduce_async`) and computes the weight's
+gradient, which no other layer waits for, while it runs: Megatron-LM's column-parallel layer
+overlaps the two the same way. Forward, g's all-reduce has nothing to overlap with: the next
+layer needs its result.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from torch.nn import functional as F
 
 from ..comm import Communicator
 
@@ -61,6 +69,29 @@ class GatherFromRanks(torch.autograd.Function):
         return grad[..., start:start + ctx.width].contiguous(), None
 
 
+class LinearOverlapped(torch.autograd.Function):
+    """f, then x W^T + b; backward, x's gradient all-reduced while W's and b's are computed."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                comm: Communicator) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.comm, ctx.has_bias = comm, bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, None]:
+        x, weight = ctx.saved_tensors
+        grad_x = grad.matmul(weight)                        # this rank's term of the sum
+        handle = ctx.comm.all_reduce_async(grad_x, "sum")   # runs while the rest computes
+        rows = grad.reshape(-1, grad.shape[-1])
+        grad_weight = rows.t().matmul(x.reshape(-1, x.shape[-1]))
+        grad_bias = rows.sum(0) if ctx.has_bias else None
+        handle.wait()
+        return grad_x, grad_weight, grad_bias, None
+
+
 def copy_to_ranks(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
     """x itself forward; its gradient summed over the ranks backward."""
     return CopyToRanks.apply(x, comm)
@@ -74,3 +105,10 @@ def reduce_from_ranks(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
 def gather_from_ranks(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
     """Every rank's x concatenated along the last dimension, in rank order."""
     return GatherFromRanks.apply(x, comm)
+
+
+def linear_overlapped(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      comm: Communicator) -> torch.Tensor:
+    """`F.linear(copy_to_ranks(x, comm), weight, bias)`, the same values and gradients, with
+    the backward's all-reduce of x's gradient overlapping the weight gradient's product."""
+    return LinearOverlapped.apply(x, weight, bias, comm)
