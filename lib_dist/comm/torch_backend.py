@@ -8,7 +8,7 @@ node, else the backend's own point-to-point operations; see `join_group`'s `mess
 The collectives are torch.distributed's native ones, except `all_reduce` on gloo, which runs,
 for each tensor size, whichever of `lib_dist.comm.algorithms`, gloo's own and (ranks on one
 host) a shared-memory all-reduce a tuner predicts fastest: see `lib_dist.comm.fast`, where
-these optimisations live. Force one with `all_reduce(t, algorithm="ring")`,
+these optimisations live, set up by `transport.connect`. Force one with `all_reduce(t, algorithm="ring")`,
 `comm.all_reduce_algorithm = "native"`, or the environment variable `LIB_DIST_ALL_REDUCE`
 (read when the communicator is made).
 
@@ -28,15 +28,10 @@ import torch.distributed as dist
 
 from .base import Communicator, Handle, ReduceOp, _check_op, chunk_bounds
 from .errors import CommError
-from .fast.group import UNAVAILABLE, share_memory
-from .fast.tuned import AUTO, CHOICES, AllReduces
-from .fast.tuner import SHARED_MEMORY, TunerModel
 from .trace import Trace
-from .transport import BackendMessages, Lane, Transport, translated
+from .transport import AUTO, CHOICES, TunerModel, checked, connect, translated
 
 DEFAULT_TIMEOUT = 60.0
-BACKEND = "backend"
-MESSAGE_CHOICES = (AUTO, SHARED_MEMORY, BACKEND)
 
 
 def pick_backend(device: torch.device) -> str:
@@ -82,22 +77,12 @@ class TorchCommunicator(Communicator):
         super().__init__(dist.get_rank(), dist.get_world_size(), device, trace)
         self.timeout = timeout
         self.backend = str(dist.get_backend())
-        self.all_reduce_algorithm = _checked(os.environ.get("LIB_DIST_ALL_REDUCE", AUTO),
-                                             CHOICES, "all_reduce algorithm")
-        choice = _checked(messages or os.environ.get("LIB_DIST_MESSAGES", AUTO),
-                          MESSAGE_CHOICES, "messages (from the argument or LIB_DIST_MESSAGES)")
-        wants_shared = choice != BACKEND and self.world_size > 1
-        shared = (share_memory(self.rank, self.world_size, _all_gather_object, timeout,
-                               messages=wants_shared) if self.backend == "gloo" else None)
-        if shared is None and wants_shared and choice == SHARED_MEMORY:
-            raise CommError(f"rank {self.rank}: messages='shared_memory' {UNAVAILABLE}; "
-                            f"use 'auto'")
-        self._transport: Transport = (shared.messages if shared and shared.messages
-                                      else BackendMessages(self.rank, timeout))
-        self.messages = SHARED_MEMORY if shared and shared.messages else BACKEND
-        self._all_reduces = AllReduces(Lane(self._transport, 1, self.rank, self.world_size),
-                                       self.backend, shared.all_reduce if shared else None,
-                                       self.messages, _all_gather_object)
+        self.all_reduce_algorithm = checked(os.environ.get("LIB_DIST_ALL_REDUCE", AUTO),
+                                            CHOICES, "all_reduce algorithm")
+        connection = connect(self.rank, self.world_size, self.backend, timeout, messages,
+                             _all_gather_object)
+        self._transport, self._all_reduces = connection.transport, connection.all_reduces
+        self.messages = connection.messages  # "shared_memory" or "backend"
 
     @property
     def tuner(self) -> TunerModel | None:
@@ -133,7 +118,7 @@ class TorchCommunicator(Communicator):
         records one "all_reduce" event, not its messages.
         """
         _check_op(op, tensor)
-        name = _checked(algorithm or self.all_reduce_algorithm, CHOICES, "all_reduce algorithm")
+        name = checked(algorithm or self.all_reduce_algorithm, CHOICES, "all_reduce algorithm")
         self._collective("all_reduce", tensor.nbytes, self._all_reduce, tensor, name)
         if op == "avg":
             tensor /= self.world_size
@@ -180,12 +165,6 @@ def _all_gather_object(value: object) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
-
-
-def _checked(name: str, choices: tuple[str, ...], what: str) -> str:
-    if name not in choices:
-        raise ValueError(f"{what} must be one of {', '.join(choices)}; got {name!r}")
-    return name
 
 
 # torch 2.13 renamed reduce_scatter_tensor (now deprecated, with a warning) to

@@ -8,12 +8,18 @@ runs on one x86-64 Linux host, `lib_dist.comm.fast.SharedMemoryMessages` takes i
 NCCL's shared-memory transport takes the place of its sockets within a node.
 
 `Lane` shows one lane of a transport as a `PointToPoint`, for the all-reduce algorithms.
+
+`connect` is the factory: it sets up a rank's transport and all-reduces, shared memory and the
+tuner included, and is the one place outside `lib_dist.comm.fast` that imports it (a test
+holds this fence: the fast paths stay optional, out of the course's reading).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -21,8 +27,14 @@ import torch.distributed as dist
 
 from .base import Handle
 from .errors import CommError, CommTimeout
+from .fast.files import Gather
+from .fast.group import UNAVAILABLE, share_memory
+from .fast.tuned import AUTO, CHOICES, AllReduces
+from .fast.tuner import SHARED_MEMORY, TunerModel
 
 TAGS = (0, 0x1D)  # torch.distributed's tag of each lane
+BACKEND = "backend"
+MESSAGE_CHOICES = (AUTO, SHARED_MEMORY, BACKEND)
 
 
 class Transport(Protocol):
@@ -83,6 +95,44 @@ class Lane:
 
     def recv(self, buffer: torch.Tensor, src: int) -> None:
         self.irecv(buffer, src).wait()
+
+
+@dataclass
+class Connection:
+    """One rank's ends of its group, as `connect` set them up."""
+
+    transport: Transport
+    messages: str  # how they travel: "shared_memory" or "backend"
+    all_reduces: AllReduces  # every algorithm by name, and the tuner (made on first use)
+
+
+def connect(rank: int, world_size: int, backend: str, timeout: float, messages: str | None,
+            gather: Gather) -> Connection:
+    """Set up this rank's transport and all-reduces over the default group (collective: the
+    ranks map their shared memory together). `messages` as for `join_group`; `gather`: every
+    rank's value (all_gather_object)."""
+    choice = checked(messages or os.environ.get("LIB_DIST_MESSAGES", AUTO), MESSAGE_CHOICES,
+                     "messages (from the argument or LIB_DIST_MESSAGES)")
+    wants_shared = choice != BACKEND and world_size > 1
+    shared = (share_memory(rank, world_size, gather, timeout, messages=wants_shared)
+              if backend == "gloo" else None)
+    if shared is None and wants_shared and choice == SHARED_MEMORY:
+        raise CommError(f"rank {rank}: messages='shared_memory' {UNAVAILABLE}; use 'auto'")
+    if shared and shared.messages:
+        transport: Transport = shared.messages
+        how = SHARED_MEMORY
+    else:
+        transport, how = BackendMessages(rank, timeout), BACKEND
+    all_reduces = AllReduces(Lane(transport, 1, rank, world_size), backend,
+                             shared.all_reduce if shared else None, how, gather)
+    return Connection(transport, how, all_reduces)
+
+
+def checked(name: str, choices: tuple[str, ...], what: str) -> str:
+    """`name`, if it is one of `choices`."""
+    if name not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(choices)}; got {name!r}")
+    return name
 
 
 @contextmanager
