@@ -1,7 +1,8 @@
 """What runs inside each ipyparallel engine: joining the group and calling user functions.
 
 The client (`lib_dist.cluster.Cluster`) applies these functions on the engines; they live in
-an importable module so that engines hold one copy of the rank's state, in `_rank`.
+an importable module so that engines hold one copy of the rank's state, in `_rank` (private:
+code on an engine reaches the rank's communicator through `communicator()`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from lib_dist.cluster.outcome import Outcome, whereabouts_key
 from lib_dist.comm import TorchCommunicator, Trace, join_group
 
 _rank: dict[str, Any] = {}
+
+
+def communicator() -> TorchCommunicator | None:
+    """This engine's communicator (what `%%px` cells call `comm`), once it has joined the
+    cluster's group; None before, and in a process that is not an engine."""
+    comm: TorchCommunicator | None = _rank.get("comm")
+    return comm
 
 
 def describe() -> dict[str, Any]:

@@ -242,8 +242,8 @@ def ccl_built() -> bool:
 
 def _engine_comm() -> Communicator | None:
     """The communicator of the cluster engine this process is, if it is one."""
-    engine = sys.modules.get("lib_dist.cluster.engine")
-    comm = getattr(engine, "_rank", {}).get("comm") if engine is not None else None
+    engine = sys.modules.get("lib_dist.cluster.engine")  # imported by every engine, not here
+    comm = engine.communicator() if engine is not None else None
     return comm if isinstance(comm, Communicator) else None
 
 

@@ -52,8 +52,8 @@ def _unsupported(name: str, hint: str) -> Callable[..., NoReturn]:
     return refuse
 
 
-_COLLECTIVE_HINT = ("use allgather or allreduce instead, or lib_dist.comm's communicator "
-                    "(lib_dist.cluster.engine._rank['comm'])")
+_COLLECTIVE_HINT = ("use allgather or allreduce instead, or the rank's lib_dist communicator, "
+                    "lib_dist.cluster.engine.communicator() (comm in %%px cells)")
 _GROUPED_HINT = ("call allreduce / allgather once per tensor (DistributedOptimizer fuses "
                  "gradients by itself, up to HOROVOD_FUSION_THRESHOLD bytes)")
 
