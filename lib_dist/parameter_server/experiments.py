@@ -91,24 +91,6 @@ def async_curves(task: DigitsTask, worker_counts: Sequence[int], gradients: int,
     return curves
 
 
-def sync_curve(task: DigitsTask, workers: int, gradients: int, lr: float,
-               every: int = 25) -> list[tuple[int, float]]:
-    """Synchronous SGD: each update the mean of `workers` gradients; test loss against the
-    number of gradients computed (`workers` per update)."""
-    model, curve = task.model(), []
-    for step in range(gradients // workers + 1):
-        if (step * workers) % every < workers:
-            curve.append((step * workers, task.test_loss(model)))
-        if step == gradients // workers:
-            break
-        model.zero_grad()
-        for k in range(workers):
-            x, y = task.batch(k % task.workers, step)
-            (cross_entropy(model(x), y) / workers).backward()
-        load_flat(model, flat_parameters(model) - lr * flat_gradients(model))
-    return curve
-
-
 def local_sgd_curves(task: DigitsTask, everies: Sequence[int], steps: int, lr: float,
                      weights: Sequence[float] | None = None) -> dict[int, list[float]]:
     """Test loss of the averaged model after each average, for local SGD on `task.workers`
