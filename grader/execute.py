@@ -10,6 +10,9 @@ nbgrader also scores any stderr output in a test cell as a failure; torch's warn
 `%%px` echoing an engine's stderr would zero passing tests. `TestStderrIsNotAFailure` turns a
 test cell's stderr into ordinary output: a failing test still fails by raising.
 
+On a busy machine a cell gets more time than the cell timeout (`lib_dist.patience`:
+stretched by the load, at most five times): a slow cell is not an endless one.
+
 For a lab that lib_dist declares, locked cells run under the kernel's guard (`grader.integrity`):
 an answer taken from lib_dist, or a test whose oracle the submission changed, scores 0.
 """
@@ -29,6 +32,8 @@ from nbgrader import utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool
 
+from lib_dist.patience import load_seen, stretched
+
 from . import integrity
 from .sandbox import SandboxedKernelManager, StandbyKernelManager
 
@@ -46,6 +51,7 @@ class GradedExecute(Execute):
     sandbox = Bool(False, help="run each kernel in grader.sandbox").tag(config=True)
     _stopped_at: int | None = None
     _stop_reason: str = ""
+    _stretch: str = ""
     _where: str = ""
     _lab: str | None = None
     _guard: str | None = None
@@ -115,7 +121,7 @@ class GradedExecute(Execute):
             cell.outputs = [o for o in cell.outputs if o.get("output_type") != "error"]
             cell.outputs.append(error_output(
                 "CellTimeoutError", f"[grader] this cell ran past the {self.timeout} s cell "
-                                    f"timeout and was interrupted"))
+                                    f"timeout and was interrupted{self._stretch}"))
         if _timed_out(cell) and not run_sync(self._kernel_recovers)():
             self._stop(cell, index, "CellTimeoutError", "the kernel stopped responding",
                        f"this cell ran for more than {self.timeout} s and the kernel did not "
@@ -124,6 +130,14 @@ class GradedExecute(Execute):
         if guarded and self._stopped_at is None:
             self._report_tampering(cell)
         return cell, resources
+
+    def _get_timeout(self, cell: NotebookNode | None) -> int | None:
+        """nbclient's timeout for `cell`, stretched by the machine's load when it is busy."""
+        timeout = super()._get_timeout(cell)
+        allowed = stretched(timeout) if timeout else timeout
+        self._stretch = (f" (after {allowed:.0f} s: {load_seen()})"
+                         if allowed and allowed > timeout else "")
+        return allowed  # type: ignore[return-value]  # nbclient compares it with float seconds
 
     def _report_tampering(self, cell: NotebookNode) -> None:
         try:
@@ -142,7 +156,7 @@ class GradedExecute(Execute):
 
     async def _kernel_recovers(self) -> bool:
         """After an interrupt, does the kernel answer a trivial request within a few seconds?"""
-        deadline = asyncio.get_running_loop().time() + RECOVERY_SECONDS
+        deadline = asyncio.get_running_loop().time() + stretched(RECOVERY_SECONDS)
         try:
             msg_id = self.kc.execute("pass", silent=True, store_history=False)
             while True:  # the interrupted cell's own reply may come first

@@ -23,6 +23,7 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.api import Gradebook
 from nbgrader.preprocessors import NbGraderPreprocessor
 
+from lib_dist.patience import stretched
 from lib_dist.extend import LABS
 from lib_dist.integrity import GRADED_LAB
 
@@ -111,7 +112,7 @@ async def ask(client: Any, expression: str) -> str:
     msg_id = client.execute("", silent=True, store_history=False,
                             user_expressions={"value": expression})
     while True:
-        reply = await ensure_async(client.get_shell_msg(timeout=ASK_SECONDS))
+        reply = await ensure_async(client.get_shell_msg(timeout=stretched(ASK_SECONDS)))
         if reply["parent_header"].get("msg_id") == msg_id:
             break
     value = reply["content"].get("user_expressions", {}).get("value", {})

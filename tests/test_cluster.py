@@ -12,8 +12,9 @@ import torch
 
 from conftest import alive, profile_files, wait_until_dead
 from lib_dist.cluster import Cluster, RankFailure, RankTimeout
+from lib_dist.patience import stretched
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +176,7 @@ def test_interpreter_exit_without_stop_leaves_no_process():
         "print(json.dumps(sorted(c.pids())), flush=True)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=120, check=True)
+                         timeout=stretched(120), check=True)
     pids = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(pids) == 3
     assert wait_until_dead(pids, within=10) == []

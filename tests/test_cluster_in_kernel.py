@@ -10,8 +10,9 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from conftest import profile_files, wait_until_dead, wait_until_empty
+from lib_dist.patience import stretched
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]
 
 
 def execute(client, code: str) -> str:
@@ -26,7 +27,7 @@ def execute(client, code: str) -> str:
         elif msg["msg_type"] == "error":
             err.append("\n".join(content["traceback"]))
 
-    reply = client.execute_interactive(code, timeout=120, output_hook=collect)
+    reply = client.execute_interactive(code, timeout=stretched(120), output_hook=collect)
     assert reply["content"]["status"] == "ok", "".join(err)
     assert not err, f"the cell wrote to stderr: {''.join(err)}"
     return "".join(out)

@@ -15,6 +15,9 @@ import psutil
 import pytest
 
 from lib_dist.cluster import standby
+from lib_dist.patience import stretched
+
+pytestmark = pytest.mark.cluster
 
 KERNEL = '''
 import json, os
@@ -40,7 +43,7 @@ print(json.dumps(dict(pids=pids, ranks=ranks, again=again, engine_host=engine_ho
 def run_kernel(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, standby.__file__, "--import", "wave", "--",
                            sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=stretched(timeout))
 
 
 def test_first_cluster_takes_over_the_standbys_and_a_second_starts_its_own() -> None:
@@ -82,7 +85,7 @@ def test_a_python_module_kernel_shares_torch_with_the_engine_host_forked_from_it
     (tmp_path / "module_kernel.py").write_text(MODULE_KERNEL)
     done = subprocess.run([sys.executable, standby.__file__, "--import", "wave", "--",
                            sys.executable, "-m", "module_kernel", "-f", "x.json"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=stretched(120), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["torch_before"] and got["name"] == "__main__"
@@ -100,11 +103,11 @@ def test_unclaimed_standbys_end_with_the_kernel(form: str, tmp_path: Path) -> No
     kernel = ["-c", code] if form == "-c" else ["-m", "napping_kernel"]
     for nap in ("0", "4"):  # before and after the standbys have imported what they need
         done = subprocess.run([sys.executable, standby.__file__, "--", sys.executable, *kernel],
-                              capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=stretched(60), cwd=tmp_path,
                               env={**os.environ, "NAP": nap})
         entries = dict(item.split("=") for item in done.stdout.strip().split(","))
         pids = [int(entry.split(":")[0]) for entry in entries.values()]
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + stretched(10)
         while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(_alive(pid) for pid in pids), f"standbys outlived the kernel (nap {nap})"
@@ -126,7 +129,7 @@ def test_a_module_to_import_ahead_that_is_missing_is_said_and_the_kernel_runs(
     (tmp_path / "hello_kernel.py").write_text("print('kernel ran')")
     done = subprocess.run([sys.executable, standby.__file__, "--import", "no_such_module_here",
                            "--", sys.executable, "-m", "hello_kernel"], capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path)
+                          text=True, timeout=stretched(60), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "kernel ran"
     assert "not imported ahead: No module named 'no_such_module_here'" in done.stderr

@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import logging
 import socket
-import time
 import weakref
 from typing import Any, Callable
 
@@ -31,6 +30,7 @@ import torch
 
 from ..comm import Trace
 from ..errors import RankFailure, RankTimeout
+from ..patience import CAP, stretched, wait_for_count
 from . import engine
 from .launchers import (ForkedEngineSetLauncher, StandbyControllerLauncher, engine_hosts,
                         engine_list_file, every_launcher)
@@ -87,7 +87,7 @@ class Cluster:
         # Every launcher reads these; a nanny process per engine would only slow start-up.
         self._ipp.config.EngineLauncher.engine_args = [
             "--log-level=WARN", "--IPEngine.enable_nanny=False",
-            f"--IPEngine.wait_for_url_file={max(timeout, 60):g}",
+            f"--IPEngine.wait_for_url_file={max(timeout, 60) * CAP:g}",
             "--IPEngine.startup_command=import lib_dist.cluster.engine"]
         self._client: ipp.Client | None = None
         self._calls = 0
@@ -230,7 +230,7 @@ class Cluster:
         """Wait for the engines launched (those not in `before`), describe them, give each a
         rank and a device, and join them into one group."""
         ids = self._wait_for_new_engines(before)
-        infos = self.client[ids].apply_async(engine.describe).get(self.timeout)
+        infos = self.client[ids].apply_async(engine.describe).get(stretched(self.timeout))
         self.ranks = [dict(info, engine=eid) for eid, info in zip(ids, infos)]
         for info in self.ranks:
             if info["host"] == self.ranks[0]["host"]:
@@ -241,16 +241,12 @@ class Cluster:
         self._activate_px()
 
     def _wait_for_new_engines(self, before: set[int]) -> list[int]:
-        deadline = time.monotonic() + max(self.timeout, 60)
-        while True:
-            new = sorted(set(self.client.ids) - before)
-            if len(new) >= self.n:
-                return new[: self.n]
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"only {len(new)} of {self.n} engines registered within "
-                    f"{max(self.timeout, 60):g} s; engine output:\n{self._engine_output()}")
-            time.sleep(0.05)
+        """The ids of the `n` engines registered since `before`, waiting longer on a busy
+        machine (`patience`): a TimeoutError says how many came, after how long, the load."""
+        wait_for_count(lambda: len(set(self.client.ids) - before), self.n, max(self.timeout, 60),
+                       "engines registered with the controller",
+                       lambda: f"engine output:\n{self._engine_output()}")
+        return sorted(set(self.client.ids) - before)[: self.n]
 
     def _join_group(self) -> None:
         rank0 = self.ranks[0]
@@ -261,7 +257,7 @@ class Cluster:
         joins = [self.client[info["engine"]].apply_async(
             engine.join, rank, self.n, host, port, info["device"], self.timeout)
             for rank, info in enumerate(self.ranks)]  # all at once: rendezvous blocks
-        backends = [j.get(self.timeout + 5) for j in joins]
+        backends = [j.get(stretched(self.timeout + 5)) for j in joins]
         self.backend = backends[0]
 
     def _activate_px(self) -> None:

@@ -1,0 +1,42 @@
+"""`lib_dist.patience`: waits for processes stretch with the machine's load, go on while what
+they wait for is still arriving, and say, when they run out, what they waited for, how long, and
+the load they saw."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from lib_dist.patience import CAP, load_factor, stretched, wait_for_count
+
+
+def test_the_load_factor_is_the_load_per_core_between_one_and_the_cap():
+    factor = load_factor()
+    assert 1.0 <= factor <= CAP
+    expected = min(max(os.getloadavg()[0] / os.cpu_count(), 1.0), CAP)
+    assert factor == pytest.approx(expected, abs=0.5)  # the load average moves meanwhile
+    assert 10.0 <= stretched(10.0) <= 10.0 * CAP
+
+
+def test_a_count_still_growing_is_waited_for_past_the_wait():
+    calls = []
+
+    def one_more_each_call() -> int:
+        calls.append(None)
+        return len(calls)
+
+    # 0.2 s of wait, but the count grows at every poll: 60 polls of 0.01 s, past 0.2 s
+    waited = wait_for_count(one_more_each_call, 60, 0.2, "things", poll=0.01)
+    assert len(calls) == 60
+    assert waited >= 60 * 0.01
+
+
+def test_a_stuck_count_fails_saying_what_how_long_and_the_load():
+    with pytest.raises(TimeoutError) as info:
+        wait_for_count(lambda: 2, 4, 0.1, "engines registered", lambda: "engine output: none")
+    text = str(info.value)
+    assert text.startswith("only 2 of 4 engines registered within ")
+    assert "the wait: 0.1 s, counted again from each arrival" in text
+    assert f"on {os.cpu_count()} cores, the wait stretched x" in text
+    assert text.endswith("\nengine output: none")
