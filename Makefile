@@ -13,7 +13,7 @@ VPY := $(VENV)/bin/python
 VPIP := $(VENV)/bin/pip
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install demo test bench clean sandbox-tool browser-tool mpi-tool hub-tool hub notebooks site
+.PHONY: install demo test test-quick bench clean sandbox-tool browser-tool mpi-tool hub-tool hub notebooks site
 
 $(VENV):
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,13 @@ demo: $(INSTALLED) sandbox-tool
 test: $(INSTALLED) sandbox-tool browser-tool mpi-tool hub-tool
 	$(VPY) -m mypy
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# Day-to-day: the suite without the tests marked slow (grading, notebooks), browser, hub or
+# cluster (engines), in under 5 minutes on 2 cores; `make test` still runs everything.
+QUICK := not slow and not browser and not hub and not cluster
+test-quick: $(INSTALLED)
+	$(VPY) -m mypy
+	$(VPY) -m pytest $(PYTEST_ARGS) -m "$(QUICK)"
 
 # $(call apt-tool,COMMANDS,DEBIAN PACKAGES,WHAT FOR): install the packages unless every command
 # is already there (with sudo when not root; the package lists are refreshed only if needed).
@@ -85,6 +92,13 @@ bench: $(INSTALLED)
 	@set -e; for f in $(wildcard benchmarks/*.py); do \
 		echo "== $$f"; $(VPY) $$f; \
 	done
+
+# On a CUDA machine (CI has none), in a few minutes: NCCL ranks, DataParallel, ZeRO, the
+# launcher, the activation formula against CUDA's allocator and LossScaler against GradScaler,
+# as a table of pass / fail / skip. Elsewhere the GPU rows are skipped, saying so.
+.PHONY: gpu-check
+gpu-check: $(INSTALLED)
+	$(VPY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info

@@ -4,19 +4,14 @@ its docstring promises; and its alpha-beta cost is the modeled time of its trace
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import algorithms as alg
+from algorithms import assert_same
 
-import algorithms as alg  # noqa: E402
-from algorithms import assert_same  # noqa: E402
-
-from lib_dist.comm import AlphaBeta, SimulatedWorld  # noqa: E402
-from lib_dist.comm.algorithms import ALGORITHMS, ring  # noqa: E402
+from lib_dist.comm import AlphaBeta, SimulatedWorld
+from lib_dist.comm.algorithms import ALGORITHMS, ring
 
 pytestmark = pytest.mark.timeout(120)
 

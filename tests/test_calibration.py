@@ -5,7 +5,6 @@ never a crash; every rank gets rank 0's model."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,7 @@ from lib_dist.comm.fast import calibration
 from lib_dist.comm.fast.tuner import NATIVE, Fit, TunerModel
 from lib_dist.comm.trace import AlphaBeta
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rank_threads import Threads  # noqa: E402
+from rank_threads import Threads
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -120,6 +118,7 @@ def tuner_of(comm):
     return comm.tuner
 
 
+@pytest.mark.cluster
 def test_engines_use_the_cached_calibration_and_replace_a_corrupt_one(cache):
     with Cluster(2, timeout=30) as cluster:
         measured = cluster.run(tuner_of)

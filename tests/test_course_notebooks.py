@@ -18,7 +18,7 @@ from nbclient import NotebookClient
 COURSE = Path(__file__).resolve().parent.parent / "course"
 NOTEBOOKS = sorted(COURSE.glob("*.ipynb"))
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def test_there_are_course_notebooks():

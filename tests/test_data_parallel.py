@@ -6,27 +6,23 @@ no_sync checked from the step timeline and the message trace, never from wall ti
 
 from __future__ import annotations
 
-import sys
 from contextlib import nullcontext
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import data_parallel_models as dpm
 
-import data_parallel_models as dpm  # noqa: E402
-
-from lib_dist.comm import SimulatedWorld  # noqa: E402
-from lib_dist.data_parallel import (  # noqa: E402
+from lib_dist.comm import SimulatedWorld
+from lib_dist.data_parallel import (
     DataParallel, average_gradients, broadcast_parameters, plan_buckets,
 )
-from lib_dist.errors import RankFailure  # noqa: E402
-from lib_dist.models.gpt import GPT, GPTConfig  # noqa: E402
-from lib_dist.train import train  # noqa: E402
+from lib_dist.errors import RankFailure
+from lib_dist.models.gpt import GPT, GPTConfig
+from lib_dist.train import train
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -5,22 +5,17 @@ intervals the timeline gives them (the communicator's trace says when they reall
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import cloudpickle
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import data_parallel_models as dpm
 
-import data_parallel_models as dpm  # noqa: E402
-
-from lib_dist.cluster import Cluster  # noqa: E402
-from lib_dist.data_parallel import DataParallel  # noqa: E402
+from lib_dist.cluster import Cluster
+from lib_dist.data_parallel import DataParallel
 
 cloudpickle.register_pickle_by_value(dpm)  # the engines cannot import it from tests/
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]
 
 WORLD, PER_RANK, STEPS, BUCKET_BYTES = 4, 3, 3, 200
 

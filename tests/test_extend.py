@@ -6,21 +6,17 @@ cells that must never run, a cell that does not parse, redefinitions and unanswe
 
 from __future__ import annotations
 
-import sys
 import traceback
-from pathlib import Path
 
 import nbformat
 import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab_solutions import release, solution
 
-from lab_solutions import release, solution  # noqa: E402
-
-import lib_dist.losses  # noqa: E402
-from lib_dist.extend import FALLBACK, MissingDefinition, definitions  # noqa: E402
+import lib_dist.losses
+from lib_dist.extend import FALLBACK, MissingDefinition, definitions
 
 CELLS = [
     "import math\nimport json as js\nSCALE = 3\nSIDE = 'side_effect.txt'",

@@ -30,7 +30,7 @@ from grader.grading import autograde, cell_scores, find_submissions
 from grader.redact import HIDDEN
 from grader.report import score_table, write
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 LAB = "lab00_ranks"
 FULL = {"q1-test": 1, "q2-test-cluster": 1, "q2-test-sizes": 1, "q3-test-cluster": 2,

@@ -14,7 +14,7 @@ import torch
 import lib_dist.horovod as hvd
 from lib_dist.cluster import Cluster, RankFailure
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 N = 4
 
 

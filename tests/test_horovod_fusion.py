@@ -9,8 +9,6 @@ the module):
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -19,12 +17,11 @@ import torch
 import lib_dist.horovod as hvd
 from lib_dist.cluster import Cluster
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import hvd_models  # noqa: E402
-from hvd_models import N, all_reduces, batch, build, forward, params  # noqa: E402
+import hvd_models
+from hvd_models import N, all_reduces, batch, build, forward, params
 
 cloudpickle.register_pickle_by_value(hvd_models)  # the engines cannot import it from tests/
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")

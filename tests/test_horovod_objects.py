@@ -12,7 +12,7 @@ import torch
 
 from lib_dist.cluster import Cluster
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 N = 4
 
 

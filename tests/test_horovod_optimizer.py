@@ -10,21 +10,17 @@ Tensor Fusion and the timeline are in test_horovod_fusion.py.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import cloudpickle
 import pytest
 import torch
 
 from lib_dist.cluster import Cluster
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import hvd_models  # noqa: E402
-from hvd_models import B, N, all_reduces, batch, build, forward, params, shard  # noqa: E402
+import hvd_models
+from hvd_models import B, N, all_reduces, batch, build, forward, params, shard
 
 cloudpickle.register_pickle_by_value(hvd_models)  # the engines cannot import it from tests/
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ STUDENTS = ("ldhub-alice", "ldhub-bob")
 INSTRUCTOR = "ldhub-teacher"
 LAB = "lab00_ranks"
 
-pytestmark = [pytest.mark.timeout(600),
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.browser, pytest.mark.hub,
               pytest.mark.skipif(os.geteuid() != 0, reason="creates unix users: run as root")]
 
 

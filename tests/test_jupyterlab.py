@@ -31,7 +31,7 @@ PX = "%%px\nprint(f'engine says: rank {rank} of {world_size}')"
 FAILING = "cluster.run(lambda comm: 1 / (comm.rank - 2))  # rank 2 divides by zero"
 CELLS = "[...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')]"
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.browser]
 
 
 @pytest.fixture(scope="module")

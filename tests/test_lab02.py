@@ -5,15 +5,10 @@ this one with a message naming the counts. Loaded from solutions/ with `definiti
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from lab_solutions import solution  # noqa: E402
+from lab_solutions import solution
 
 LAB = "lab02_training"
 pytestmark = pytest.mark.timeout(120)

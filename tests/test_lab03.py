@@ -7,17 +7,12 @@ test helpers, loaded from solutions/ with `definitions`, on stand-ins for a stud
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab_solutions import solution
 
-from lab_solutions import solution  # noqa: E402
-
-from grader.demo import TYPICAL_BUGS  # noqa: E402
+from grader.demo import TYPICAL_BUGS
 
 pytestmark = pytest.mark.timeout(120)
 

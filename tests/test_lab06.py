@@ -14,17 +14,13 @@ solution and on variants of it (`grader check` runs the whole notebook, its 4 en
 from __future__ import annotations
 
 import inspect
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab_solutions import solution
 
-from lab_solutions import solution  # noqa: E402
-
-from grader.demo import TYPICAL_BUGS  # noqa: E402
+from grader.demo import TYPICAL_BUGS
 
 pytestmark = pytest.mark.timeout(300)
 

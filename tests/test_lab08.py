@@ -14,16 +14,11 @@ solution and on variants of it, on simulated ranks (`grader check` runs the whol
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab_solutions import answer_source, solution
 
-from lab_solutions import answer_source, solution  # noqa: E402
-
-from grader.demo import TYPICAL_BUGS  # noqa: E402
+from grader.demo import TYPICAL_BUGS
 
 pytestmark = pytest.mark.timeout(300)
 

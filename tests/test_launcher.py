@@ -30,7 +30,7 @@ import torch
 import lib_dist.horovod as hvd
 from lib_dist.run import main
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "horovod_digits.py"

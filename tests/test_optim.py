@@ -3,19 +3,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab_solutions import solution
 
-from lab_solutions import solution  # noqa: E402
-
-from lib_dist.models import MLP  # noqa: E402
-from lib_dist.optim import Optimizer, param_groups  # noqa: E402
+from lib_dist.models import MLP
+from lib_dist.optim import Optimizer, param_groups
 
 SGD, AdamW = solution("lab02_training", "SGD", "AdamW")
 

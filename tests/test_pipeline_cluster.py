@@ -16,7 +16,7 @@ from lib_dist.models.gpt import GPTConfig
 from lib_dist.pipeline import (Stage, gpipe_step, gpt_layers, next_token_loss, one_f_one_b_step,
                                recv_forward, split_model)
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster]
 
 CONFIG = GPTConfig(vocab_size=23, block_size=8, n_layer=4, n_head=2, n_embd=16)
 M = 4

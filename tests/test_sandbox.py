@@ -20,7 +20,7 @@ from grader.cli import main as cli
 from grader.course import REPO, Course
 from grader.grading import cell_scores
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 LAB = "lab00_ranks"
 FULL = 13

@@ -5,9 +5,6 @@ care), and real engines in the last test."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -18,8 +15,7 @@ from lib_dist.comm.fast import files
 from lib_dist.comm.fast.files import map_shared_files, memory_directory, shared_memory_supported
 from lib_dist.errors import RankFailure
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rank_threads import Threads  # noqa: E402
+from rank_threads import Threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,6 +108,7 @@ def on_engines(comm, skip_rank):
     return comm.all_reduce(torch.full((1000,), float(comm.rank)), algorithm="shared_memory")
 
 
+@pytest.mark.cluster
 def test_engines_use_it_and_a_missing_rank_fails_the_run_instead_of_hanging():
     with Cluster(3, timeout=5) as cluster:
         sums = cluster.run(on_engines, None)

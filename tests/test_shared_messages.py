@@ -4,9 +4,6 @@ and closing. tests/test_torch_backend.py runs it between real processes."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,8 +12,7 @@ from lib_dist.comm.fast.channels import SLOT, SLOTS, Channels
 from lib_dist.comm.fast.files import map_shared_files
 from lib_dist.comm.fast.messages import SharedMemoryMessages
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rank_threads import Threads  # noqa: E402
+from rank_threads import Threads
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -3,25 +3,21 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import algorithms as alg
+from algorithms import assert_same
 
-import algorithms as alg  # noqa: E402
-from algorithms import assert_same  # noqa: E402
-
-from lib_dist.comm import (  # noqa: E402
+from lib_dist.comm import (
     CommError, CommTimeout, DeadlockError, MismatchError, PeerFailed, RankTraffic,
     SimulatedWorld, chunk_bounds, wait_all,
 )
-from lib_dist.errors import RankFailure  # noqa: E402
+from lib_dist.errors import RankFailure
 
 pytestmark = pytest.mark.timeout(60)
 

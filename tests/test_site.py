@@ -9,6 +9,7 @@ be downloaded and is the release (no solution in it).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -22,11 +23,21 @@ import pytest
 from browser import chromium, served
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "site"))
 
-import build as site  # noqa: E402
 
-pytestmark = pytest.mark.timeout(600)
+def load_site_build():
+    """site/build.py as a module (the site's folder is no package, and a module named `build`
+    on sys.path would shadow PyPI's)."""
+    spec = importlib.util.spec_from_file_location("site_build", REPO / "site" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+site = load_site_build()
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.browser]
 MODULES = site.modules()
 
 

@@ -16,7 +16,7 @@ from lib_dist.losses import next_token_loss
 from lib_dist.models.gpt import GPT, Block, GPTConfig
 from lib_dist.tensor_parallel import unshard
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster]
 
 CONFIG = GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=4, n_embd=16)
 B, T = 2, 8

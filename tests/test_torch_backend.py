@@ -15,25 +15,21 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import queue as queue_module
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned children inherit sys.path
+import algorithms as alg
+from algorithms import assert_same
 
-import algorithms as alg  # noqa: E402
-from algorithms import assert_same  # noqa: E402
-
-from lib_dist.comm import (  # noqa: E402
+from lib_dist.comm import (
     CommError, Event, RankTraffic, SimulatedWorld, TorchCommunicator, Trace,
 )
-from lib_dist.errors import RankFailure  # noqa: E402
+from lib_dist.errors import RankFailure
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -155,7 +151,6 @@ def simulated(world_size: int, fn_name: str, args: tuple) -> tuple[list[object],
     world = SimulatedWorld(world_size)
     results = world.run(getattr(alg, fn_name), *args)
     return results, world.trace
-
 
 
 # -- same algorithms, same answers, same traffic ----------------------------------------------

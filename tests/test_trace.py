@@ -5,18 +5,14 @@ from __future__ import annotations
 import copy
 import json
 import pickle
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import algorithms as alg
 
-import algorithms as alg  # noqa: E402
-
-from lib_dist.comm import AlphaBeta, Event, SimulatedWorld, Trace, wait_all  # noqa: E402
+from lib_dist.comm import AlphaBeta, Event, SimulatedWorld, Trace, wait_all
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab_solutions import solution
 
-from lab_solutions import solution  # noqa: E402
-
-from lib_dist.data import ExampleBatches, load_digits  # noqa: E402
-from lib_dist.losses import next_token_loss  # noqa: E402
-from lib_dist.models import GPT, MLP, GPTConfig  # noqa: E402
-from lib_dist.train import (  # noqa: E402
+from lib_dist.data import ExampleBatches, load_digits
+from lib_dist.losses import next_token_loss
+from lib_dist.models import GPT, MLP, GPTConfig
+from lib_dist.train import (
     accuracy, evaluate, format_budgets, gpt_memory_estimate, load_checkpoint,
     measure_peak_memory, measure_training_memory, pick_device, save_checkpoint, train, train_step)
 

@@ -149,6 +149,7 @@ def every_algorithm(comm, lengths):
     return out, comm.tuner, kinds
 
 
+@pytest.mark.cluster
 def test_torch_all_reduce_with_every_algorithm_on_three_gloo_ranks():
     world, lengths = 3, [0, 1, 2, 7, 1000]
     with Cluster(world, timeout=60) as cluster:
