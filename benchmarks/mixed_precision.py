@@ -20,12 +20,15 @@ ratio to the baseline's in the same round. Peak memory is `lib_dist.train.measur
 
 A CPU is not what half precision is for. It has no fp16 matrix units: fp16 autocast runs
 several times slower than fp32 here, and its step time is noisy enough to swamp the scaler's
-microseconds. So the scalers are also timed alone, `unscale_` + `step` + `update` on the same
-scaled gradients (restored before every call, outside the timing), once with the step's AdamW
-and once with an optimizer whose step does nothing (the scaler's own work), and the
-difference is put against the step times. Whether bf16 beats fp32 depends on the processor.
-This part runs on `--threads` threads (1 by default: steadier beside other work). Then ZeRO-1
-against data parallel on 2 and 4 ranks: benchmarks/zero_rounds.py.
+microseconds. So the scalers are also timed alone (benchmarks/scaler_rounds.py), `unscale_` +
+`step` + `update` on the same scaled gradients (restored before every call, outside the
+timing), for this GPT's 28 gradients and for the 52 and 292 of 4 and 24 layers, once with
+AdamW and once with an optimizer whose step does nothing (the scaler's own work), as ratios to
+GradScaler's in the same round; the difference on 28 is put against the step times. Whether
+bf16 beats fp32 depends on the processor. This part runs on `--threads` threads (1 by default:
+steadier beside other work). Where CUDA is available, the same on the GPU, and whole fp16
+steps of a 4-layer GPT with each scaler (the goal: LossScaler's at most 1.05 times
+GradScaler's). Then ZeRO-1 against data parallel on 2 and 4 ranks: benchmarks/zero_rounds.py.
 
     python benchmarks/mixed_precision.py [--rounds 7] [--steps 2] [--batch 32]
         [--threads 1] [--ranks 2 4] [--zero-rounds 9] [--zero-steps 3] [--zero-batch 16]
@@ -36,11 +39,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +54,7 @@ from lib_dist.models import GPT, GPTConfig
 from lib_dist.train import measure_peak_memory
 
 from rounds import interleaved, median_ratio  # benchmarks/rounds.py, beside this script
+from scaler_rounds import alone_lines, cuda_lines  # the scalers alone, and on a GPU
 from tiny_gpt import tiny_gpt  # benchmarks/tiny_gpt.py: the model and its text
 from zero_rounds import zero_table  # benchmarks/zero_rounds.py: ZeRO-1 against data parallel
 
@@ -60,6 +63,7 @@ CONTEXT = 64
 VARIANTS = ("fp32", "bf16 autocast", "fp16 + GradScaler", "fp16 + LossScaler",
             "fp16 + GradScaler again")
 SCALER_BASE = "fp16 + GradScaler"
+ALONE_LAYERS = (2, 4, 24)  # 28 gradients (this GPT), 52 and 292 (4 and 24 layers)
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -94,29 +98,6 @@ class Scaled:
     def step(self) -> None:
         self.scaler.step(self.optimizer)
         self.scaler.update()
-
-
-class NoStep:
-    """An optimizer over `params` whose step does nothing: the scaler's own work alone. Not a
-    torch.optim.Optimizer (whose step hooks would be timed too): what the scalers use of one,
-    `param_groups`, `state` and `step()`."""
-
-    def __init__(self, params: list[torch.Tensor]):
-        self.param_groups = [{"params": params}]
-        self.state: dict = {}
-
-    def step(self) -> None:
-        return None
-
-    @classmethod
-    def of(cls, params: list[torch.Tensor]) -> torch.optim.Optimizer:
-        """One, where the scalers' signatures say torch.optim.Optimizer."""
-        return cast(torch.optim.Optimizer, cls(params))
-
-
-def grad_of(p: torch.Tensor) -> torch.Tensor:
-    assert p.grad is not None, "every parameter has a gradient after backward"
-    return p.grad
 
 
 class Variant:
@@ -157,48 +138,6 @@ class Variant:
                                    warmup_steps=3).peak
 
 
-def scaler_alone(variant: Variant, rounds: int, calls: int) -> dict[str, list[float]]:
-    """Seconds of unscale_ + step + update, GradScaler's and LossScaler's, on the same scaled
-    gradients of one fp16 autocast backward, with AdamW and with a step that does nothing."""
-    scale = variant.scaler.get_scale()
-    for _ in range(30):  # the largest scale, from the scaler's, whose gradients are finite
-        variant.optimizer.zero_grad(set_to_none=True)
-        (lm_loss(variant.model(variant.x), variant.y) * scale).backward()
-        grads = [grad_of(p).clone() for p in variant.gpt.parameters()]
-        if all(torch.isfinite(g).all() for g in grads):
-            break
-        scale /= 2
-    else:
-        raise RuntimeError("the scaled gradients overflow at every scale")
-    jobs = {}
-    for optimizer_name in ("AdamW", "no step"):
-        for scaler_name in ("GradScaler", "LossScaler"):
-            params = [p.detach().clone().requires_grad_() for p in variant.gpt.parameters()]
-            optimizer = (torch.optim.AdamW(params, lr=3e-3) if optimizer_name == "AdamW"
-                         else NoStep.of(params))
-            scaler = (torch.amp.GradScaler("cpu", init_scale=scale) if scaler_name == "GradScaler"
-                      else LossScaler(init_scale=scale))
-            scaler.scale(torch.ones(()))  # GradScaler creates its scale tensor on first use
-            jobs[f"{scaler_name}, {optimizer_name}"] = (params, optimizer, scaler)
-    seconds: dict[str, list[float]] = {name: [] for name in jobs}
-    for i in range(rounds):
-        order = list(jobs)
-        random.Random(100 + i).shuffle(order)
-        for name in order:
-            params, optimizer, scaler = jobs[name]
-            total = 0.0
-            for _ in range(calls):
-                for p, g in zip(params, grads):
-                    p.grad = g.clone()
-                start = time.perf_counter()
-                scaler.unscale_(optimizer)
-                scaler.step(optimizer)
-                scaler.update()
-                total += time.perf_counter() - start
-            seconds[name].append(total / calls)
-    return seconds
-
-
 def precision_table(args: argparse.Namespace, config: GPTConfig, train_ids: torch.Tensor
                     ) -> tuple[list[str], dict]:
     x, y = next(TokenBatches(train_ids, block_size=CONTEXT, batch_size=args.batch, seed=0))
@@ -214,7 +153,8 @@ def precision_table(args: argparse.Namespace, config: GPTConfig, train_ids: torc
     times, _ = interleaved(None, {n: v.step for n, v in variants.items()}, args.rounds,
                            args.steps)
     peaks = {name: v.peak_memory() for name, v in variants.items()}
-    alone = scaler_alone(theirs, args.rounds, args.scaler_calls)
+    alone_text, alone = alone_lines(torch.device("cpu"), ALONE_LAYERS, args.rounds,
+                                    args.scaler_calls)
 
     lines = [f"tiny GPT ({sum(p.numel() for p in ours.gpt.parameters()) / 1e6:.2f} M parameters),"
              f" batch {args.batch} x {CONTEXT} tokens, AdamW, {torch.get_num_threads()} "
@@ -232,18 +172,12 @@ def precision_table(args: argparse.Namespace, config: GPTConfig, train_ids: torc
         results["steps"][name] = {"seconds": times[name], "peak_bytes": peaks[name]}
     lines.append("the fp16 variants: identical parameters and scales after the warm-up steps "
                  f"(scale {ours.scaler.get_scale():g})")
-    lines += ["", f"the scaler alone: unscale_ + step + update on the same scaled gradients "
-              f"({len(list(ours.gpt.parameters()))} tensors), median over {args.rounds} rounds "
-              f"of {args.scaler_calls} calls",
-              f"{'scaler, optimizer':>24} {'us/call':>9} {'to GradScaler':>13}"]
-    for name in alone:
-        base = f"GradScaler, {name.split(', ')[1]}"
-        lines.append(f"{name:>24} {statistics.median(alone[name]) * 1e6:9.0f} "
-                     f"{median_ratio(alone, name, base):13.2f}")
-        results["scaler_alone"][name] = alone[name]
+    lines += ["", *alone_text]
+    results["scaler_alone"] = alone
     # the scaler's own work: with a step that does nothing (the same AdamW step either way)
-    extra = statistics.median(a - b for a, b in zip(alone["LossScaler, no step"],
-                                                    alone["GradScaler, no step"]))
+    mine = alone[str(len(list(ours.gpt.parameters())))]  # this GPT's gradients
+    extra = statistics.median(a - b for a, b in zip(mine["LossScaler, no step"],
+                                                    mine["GradScaler, no step"]))
     fp16_step, fp32_step, bf16_step = (statistics.median(times[n]) for n in
                                        (SCALER_BASE, "fp32", "bf16 autocast"))
     step_ratio = median_ratio(times, "fp16 + LossScaler", SCALER_BASE)
@@ -267,7 +201,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of the one-process part (default 1: what each of "
                              "2 ranks gets on 2 cores, and steadier beside other work)")
-    parser.add_argument("--scaler-calls", type=int, default=20,
+    parser.add_argument("--scaler-calls", type=int, default=10,
                         help="timed scaler calls per round")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--zero-rounds", type=int, default=9)
@@ -278,8 +212,11 @@ def main() -> None:
     start = time.perf_counter()
     config, train_ids, _ = tiny_gpt(CONTEXT)
     lines, precision = precision_table(args, config, train_ids)
-    print("\n".join(lines), flush=True)
     results: dict[str, Any] = {"precision": precision}
+    if torch.cuda.is_available():
+        cuda_text, results["cuda"] = cuda_lines(args.rounds, args.scaler_calls, args.steps)
+        lines += cuda_text
+    print("\n".join(lines), flush=True)
     if args.ranks:
         zero_lines, results["zero"] = zero_table(args, config, train_ids)
         lines += zero_lines
