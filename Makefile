@@ -93,6 +93,13 @@ bench: $(INSTALLED)
 		echo "== $$f"; $(VPY) $$f; \
 	done
 
+# On a CUDA machine (CI has none), in a few minutes: NCCL ranks, DataParallel, ZeRO, the
+# launcher, the activation formula against CUDA's allocator and LossScaler against GradScaler,
+# as a table of pass / fail / skip. Elsewhere the GPU rows are skipped, saying so.
+.PHONY: gpu-check
+gpu-check: $(INSTALLED)
+	$(VPY) benchmarks/gpu_check.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
