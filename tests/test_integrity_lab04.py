@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from grader.course import REPO
-from test_integrity import check_blank_release, check_cheat, code, grade
+from integrity_grading import check_blank_release, check_cheat, code, graded_lab
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 LAB04 = "lab04_data_parallel"
 SAMPLER = {"q1-test-torch", "q1-test-shards", "q6-test-cluster"}  # q6 trains on its shards
@@ -151,9 +151,7 @@ LAB04_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
 }
 
 
-@pytest.fixture(scope="module")
-def lab04(tmp_path_factory):
-    return grade(tmp_path_factory, LAB04, LAB04_CHEATS)
+lab04 = graded_lab(LAB04, LAB04_CHEATS)
 
 
 @pytest.mark.parametrize("student", sorted(LAB04_CHEATS))

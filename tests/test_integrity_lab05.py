@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_integrity import check_blank_release, check_cheat, code, grade
+from integrity_grading import check_blank_release, check_cheat, code, graded_lab
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 LAB05 = "lab05_pipeline"
 ONE_F_ONE_B = {"q4-test-gradients", "q4-test-clock", "q4-test-messages", "q5-test-cluster"}
@@ -47,9 +47,7 @@ LAB05_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
 }
 
 
-@pytest.fixture(scope="module")
-def lab05(tmp_path_factory):
-    return grade(tmp_path_factory, LAB05, LAB05_CHEATS)
+lab05 = graded_lab(LAB05, LAB05_CHEATS)
 
 
 @pytest.mark.parametrize("student", sorted(LAB05_CHEATS))

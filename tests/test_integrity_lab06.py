@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from lab_solutions import answer_source
-from test_integrity import check_blank_release, check_cheat, code, grade
+from integrity_grading import check_blank_release, check_cheat, code, graded_lab
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 LAB06 = "lab06_tensor_parallel"
 
@@ -44,9 +44,7 @@ LAB06_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
 }
 
 
-@pytest.fixture(scope="module")
-def lab06(tmp_path_factory):
-    return grade(tmp_path_factory, LAB06, LAB06_CHEATS)
+lab06 = graded_lab(LAB06, LAB06_CHEATS)
 
 
 @pytest.mark.parametrize("student", sorted(LAB06_CHEATS))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_integrity import check_blank_release, check_cheat, code, grade
+from integrity_grading import check_blank_release, check_cheat, code, graded_lab
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 LAB07 = "lab07_mixed_precision"
 
@@ -81,9 +81,7 @@ LAB07_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
 }
 
 
-@pytest.fixture(scope="module")
-def lab07(tmp_path_factory):
-    return grade(tmp_path_factory, LAB07, LAB07_CHEATS)
+lab07 = graded_lab(LAB07, LAB07_CHEATS)
 
 
 @pytest.mark.parametrize("student", sorted(LAB07_CHEATS))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from lab_solutions import answer_source
-from test_integrity import check_blank_release, check_cheat, code, grade
+from integrity_grading import check_blank_release, check_cheat, code, graded_lab
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 LAB08 = "lab08_parameter_server"
 
@@ -51,9 +51,7 @@ LAB08_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
 }
 
 
-@pytest.fixture(scope="module")
-def lab08(tmp_path_factory):
-    return grade(tmp_path_factory, LAB08, LAB08_CHEATS)
+lab08 = graded_lab(LAB08, LAB08_CHEATS)
 
 
 @pytest.mark.parametrize("student", sorted(LAB08_CHEATS))
