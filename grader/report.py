@@ -1,4 +1,5 @@
-"""The class at a glance: a CSV of scores (student x lab) and a figure of their spread."""
+"""The class at a glance: a CSV of scores (student x lab) and a figure of their spread, one
+panel per lab in a grid that a laptop's screen shows whole."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def write(course: Course, out: Path | None = None) -> tuple[Path, Path]:
         for student, row in table.items():
             writer.writerow([student, *("" if row[lab] is None else f"{row[lab]:g}"
                                         for lab in labs)])
-    _plot(labs, table, png_path)
+    plot(labs, table, png_path)
     return csv_path, png_path
 
 
@@ -59,20 +60,39 @@ def format_table(course: Course) -> str:
     return "\n".join(lines)
 
 
-def _plot(labs: list[str], table: dict, path: Path) -> None:
-    fig, axes = plt.subplots(1, max(len(labs), 1), figsize=(4 * max(len(labs), 1), 3),
-                             squeeze=False)
+COLUMNS = 3  # panels per row: nine labs make a 3x3 grid
+WIDTH_IN, ROW_IN, DPI = 10.0, 2.6, 120  # 1200 px wide, 312 px per row: a laptop's screen
+MARK = "#c44e52"  # the maximum's line and label
+
+
+def plot(labs: list[str], table: dict, path: Path) -> tuple[int, int]:
+    """Draw each lab's histogram of scores in its own panel of a grid, `COLUMNS` to a row,
+    with the lab's maximum marked; save it to `path` (1200 px wide). Returns (rows, columns).
+
+    One panel per lab keeps each readable at a laptop's width (a single row of nine was
+    4320 px wide); panels left over in the last row are blank."""
+    count = max(len(labs), 1)
+    columns = min(COLUMNS, count)
+    rows = -(-count // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(WIDTH_IN, ROW_IN * rows), squeeze=False)
     maxima = table["(max)"]
-    for ax, lab in zip(axes[0], labs):
+    for ax, lab in zip(axes.flat, labs):
         got = [row[lab] for s, row in table.items() if s != "(max)" and row[lab] is not None]
         top = maxima[lab] or 1
         ax.hist(got, bins=[x - 0.5 for x in range(int(top) + 2)], color="#4c72b0",
                 edgecolor="white")
+        ax.axvline(top, color=MARK, linestyle="--", linewidth=1.5)
         ax.set_xlim(-0.5, top + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"{lab}  (n={len(got)}, median {statistics.median(got) if got else 0:g})")
-        ax.set_xlabel(f"score out of {top:g}")
-        ax.set_ylabel("students")
+        ax.set_title(lab, loc="left", fontsize=10)
+        ax.set_title(f"max {top:g}", loc="right", fontsize=10, color=MARK)
+        ax.set_xlabel(f"score (n={len(got)}, median "
+                      f"{statistics.median(got) if got else 0:g})", fontsize=9)
+        ax.set_ylabel("students", fontsize=9)
+    for ax in list(axes.flat)[len(labs):]:
+        ax.set_axis_off()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
+    return rows, columns
