@@ -53,9 +53,11 @@ def test_every_rank_ends_with_the_same_bits(name):
         return x
 
     results = SimulatedWorld(6).run(fn)
-    want = sum(torch.randn(101, generator=torch.Generator().manual_seed(q)) for q in range(6))
+    inputs = [torch.randn(101, generator=torch.Generator().manual_seed(q)) for q in range(6)]
     assert all(torch.equal(x, results[0]) for x in results)
-    assert torch.allclose(results[0], want, atol=1e-5)
+    # 5 additions in another order, each within eps of a partial sum <= the sum of |inputs|
+    error = (results[0] - sum(inputs)).abs()
+    assert (error <= 2 * 5 * torch.finfo(torch.float32).eps * sum(x.abs() for x in inputs)).all()
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4, 5, 8])

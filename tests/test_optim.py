@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lab_solutions import solution
+from rounding import tolerance
 
 from lib_dist.models import MLP
 from lib_dist.optim import Optimizer, param_groups
@@ -117,7 +118,8 @@ def test_instructor_optimizers_equal_torch_after_20_steps(name, ours, theirs, gr
     start = final_parameters(ours, steps=0)
     mine, expected = final_parameters(ours, groups=groups), final_parameters(theirs, groups=groups)
     assert (mine - start).abs().max() > 1e-3  # it did train
-    assert (mine - expected).abs().max() <= 1e-6
+    # each of the 20 steps rounds the update a few times, relative to the parameters
+    assert (mine - expected).abs().max() <= 20 * tolerance(torch.float64, expected.abs().max())
 
 
 def test_adam_with_l2_is_not_adamw():

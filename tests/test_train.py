@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from lab_solutions import solution
+from rounding import tolerance
 
 from lib_dist.data import ExampleBatches, load_digits
 from lib_dist.losses import next_token_loss
@@ -51,8 +52,9 @@ def test_evaluate_weights_batches_by_size():
     model, _, _ = digits_run()
     x, y = DIGITS.x_test, DIGITS.y_test
     parts = [(x[:10], y[:10]), (x[10:], y[10:])]
+    whole = F.cross_entropy(model(x), y).item()
     assert evaluate(model, parts, F.cross_entropy) == pytest.approx(
-        F.cross_entropy(model(x), y).item(), rel=1e-5)
+        whole, abs=tolerance(torch.float32, whole + 1, x.numel()))
     with pytest.raises(ValueError):
         evaluate(model, [], F.cross_entropy)
 
@@ -181,8 +183,12 @@ def test_instructor_accumulated_step_equals_one_step_on_the_whole_batch():
         losses = [step(model, optimizer, x, y, F.cross_entropy) for _ in range(3)]
         results.append((torch.cat([p.detach().flatten() for p in model.parameters()]), losses))
     (mine, my_losses), (whole, whole_losses) = results
-    assert (mine - whole).abs().max() < 1e-12
-    assert my_losses == pytest.approx(whole_losses, abs=1e-12)
+    # the batch's gradient summed in other groups: rounding relative to the parameters and to
+    # the step (lr x a gradient of softmax - one-hot times inputs in [0, 1]), 3 steps
+    assert (mine - whole).abs().max() <= 3 * tolerance(torch.float64, whole.abs().max() + 1,
+                                                       x.numel())
+    assert my_losses == pytest.approx(whole_losses,
+                                      abs=tolerance(torch.float64, max(whole_losses) + 1, 10))
 
 
 def test_describe_machine_names_the_processor_and_torchs_kernel_path():
