@@ -52,7 +52,8 @@ class Cluster:
     timeout: seconds for group rendezvous, for each collective, and the default per `run`.
     heartbeat_ms: the controller's heartbeat period. A new engine counts as registered on
         its first heartbeat, so ipyparallel's 3000 ms default dominates start-up time; an
-        engine is declared dead after 5 s without one, whatever the period.
+        engine is declared dead after 5 s without one (longer on a busy machine), whatever
+        the period.
     ipp_options: passed to `ipyparallel.Cluster`, e.g. `{"engines": "mpi"}`.
     """
 
@@ -78,16 +79,22 @@ class Cluster:
         self.trace = Trace()
         self.ranks: list[dict[str, Any]] = []  # by rank: engine id, host, pid, device
         self.backend: str | None = None
+        # On a busy machine the controller may hear an engine's first heartbeat (and an engine
+        # the controller's) minutes late: ipyparallel's 30 s and 35 s would drop them for good.
+        patience = max(timeout, 60) * CAP
         self._ipp = ipp.Cluster(
             n=n, delay=0, shutdown_atexit=False, log_level=logging.ERROR,
             controller_args=[f"--HeartMonitor.period={heartbeat_ms}",
-                             f"--HeartMonitor.max_heartmonitor_misses={5000 // heartbeat_ms}",
+                             f"--HeartMonitor.max_heartmonitor_misses="
+                             f"{stretched(5000) // heartbeat_ms:.0f}",
+                             f"--IPController.registration_timeout={patience:.0f}",
                              "--log-level=WARN"],
             **options)
         # Every launcher reads these; a nanny process per engine would only slow start-up.
         self._ipp.config.EngineLauncher.engine_args = [
             "--log-level=WARN", "--IPEngine.enable_nanny=False",
-            f"--IPEngine.wait_for_url_file={max(timeout, 60) * CAP:g}",
+            f"--IPEngine.wait_for_url_file={patience:g}",
+            f"--IPEngine.max_heartbeat_misses={patience * 1000 // (heartbeat_ms + 500):.0f}",
             "--IPEngine.startup_command=import lib_dist.cluster.engine"]
         self._client: ipp.Client | None = None
         self._calls = 0
