@@ -1,11 +1,11 @@
 """Waiting on processes on a busy machine: a slow start is not a failed one.
 
 A wait that is ample on an idle laptop (engines register with the controller in a few seconds)
-runs out when other programs share its cores: with four busy processes on two cores, engines
-took over a minute to register. So the waits for processes to start scale with the load
-measured while waiting, the one-minute load average over the number of cores (at least 1, at
-most `CAP`), and `wait_for_count` keeps waiting while what it counts is still arriving. A wait
-that runs out says what it waited for, for how long, and the load it saw.
+runs out when other programs share its cores: at a load average near 30 on two cores, four
+engines launched by MPI took 112 s to come up. So the waits for processes to start scale with
+the load measured while waiting, the one-minute load average over the number of cores (at
+least 1, at most `CAP`), and `wait_for_count` keeps waiting while what it counts is still
+arriving. A wait that runs out says what it waited for, for how long, and the load it saw.
 """
 
 from __future__ import annotations
