@@ -213,15 +213,15 @@ LABS: dict[str, Lab] = {
         ("CopyToRanks", "ReduceFromRanks", "ColumnParallelLinear", "RowParallelLinear",
          "ParallelMLP", "ParallelAttention", "vocab_parallel_cross_entropy"),
         (*(f"lib_dist.tensor_parallel:{cls}.{method}" for cls in (
-            "CopyToRanks", "ReduceFromRanks", "GatherFromRanks", "VocabParallelCrossEntropy")
-           for method in ("forward", "backward")),
+            "CopyToRanks", "ReduceFromRanks", "GatherFromRanks", "LinearOverlapped",
+            "VocabParallelCrossEntropy") for method in ("forward", "backward")),
          *(f"lib_dist.tensor_parallel:{cls}.{method}" for cls in (
              "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
              "ParallelBlock", "VocabParallelEmbedding", "TensorParallelGPT")
            for method in ("__init__", "forward")),
          *(f"lib_dist.tensor_parallel:{name}" for name in (
-             "copy_to_ranks", "reduce_from_ranks", "gather_from_ranks", "shard",
-             "vocab_parallel_cross_entropy"))),
+             "copy_to_ranks", "reduce_from_ranks", "gather_from_ranks", "linear_overlapped",
+             "shard", "vocab_parallel_cross_entropy"))),
         oracles=("torch.distributed.tensor.parallel:ColwiseParallel",
                  "torch.distributed.tensor.parallel:RowwiseParallel",
                  "torch.distributed.tensor.parallel:parallelize_module",
