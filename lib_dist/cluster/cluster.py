@@ -158,9 +158,9 @@ class Cluster:
         """Call `fn(comm, *args, **kwargs)` on every rank; return the results by rank.
 
         Raises `RankFailure` if any rank raised, and `RankTimeout` naming the ranks that
-        had not finished after `timeout` seconds (default: the cluster's). When a rank fails
-        while others wait on it, those get a few seconds before they count as hung. After a
-        hang or a communication error the engines are restarted and the group rebuilt.
+        had not finished after `timeout` s (default: the cluster's, stretched by the load; one
+        given is kept). Ranks waiting on a failed rank get a few seconds before they count as
+        hung; after a hang or a communication error, the engines are restarted, group rebuilt.
         """
         __tracebackhide__ = True  # IPython shows the student's call, then the rank's error
         return self._run(fn, args, kwargs, timeout)
@@ -174,7 +174,7 @@ class Cluster:
         __tracebackhide__ = True
         client = self._require_started()
         check_sendable(fn, args, kwargs)
-        timeout = self.timeout if timeout is None else timeout
+        timeout = stretched(self.timeout) if timeout is None else timeout  # busy: longer
         self._calls += 1
         pending = {rank: client[info["engine"]].apply_async(
             engine.call, fn, args, kwargs, self._calls, timeout * 0.9)
