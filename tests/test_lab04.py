@@ -4,7 +4,9 @@ count; a DataParallel without the broadcast fails Q3 (and Q6, whose ranks are se
 differently) but not Q4; hooks that wait for each bucket, a blocking all-reduce, or buckets
 all started at the end keep the values and the bucket count and fail the overlap; a no_sync
 that still sends keeps the values and fails Q5; zeros instead of None for a parameter no rank
-used fail Q6 alone; a sampler with the right shards in another order keeps the shard point.
+used fail Q6 alone, and so does the converse, buckets without flags that take an average of
+exactly zero for "unused" (None for a used parameter: AdamW skips its decay); a sampler with the
+right shards in another order keeps the shard point.
 
 They run the lab's own test helpers, loaded from solutions/ with `definitions`, on the
 instructor's solution and on variants of it; the 4-rank cluster test runs on simulated ranks
@@ -29,7 +31,8 @@ pytestmark = pytest.mark.timeout(300)
 LAB = "lab04_data_parallel"
 CHECKS = ("check_sampler", "check_shards", "check_average", "check_average_messages",
           "check_broadcast", "check_equal", "check_buckets", "check_overlap", "check_no_sync",
-          "check_toy", "ShardSampler", "average_gradients", "DataParallel")
+          "check_toy", "check_zero_gradient", "check_cancelling", "ShardSampler",
+          "average_gradients", "DataParallel")
 ON_CLUSTER = ("check_average_on_cluster", "check_on_cluster")  # they use the notebook's cluster
 
 
@@ -80,6 +83,8 @@ def test_the_solution_passes_every_check():
         ns["check_overlap"](n, bucket_bytes=1, layers=3)
         ns["check_no_sync"](n, 3)
         ns["check_toy"](n, 200, make_optimizer=ns["adamw"])
+        ns["check_zero_gradient"](n, 200)
+    ns["check_cancelling"](2**20)
     ns["check_average_messages"](3)
     ns["check_average_on_cluster"]()
     ns["check_on_cluster"](200)
@@ -198,6 +203,59 @@ def test_zeros_instead_of_none_for_an_unused_parameter_fail_q6_only():
         ns[check](2, 576)
     ns["check_overlap"](2)
     ns["check_no_sync"](2, 3)
+
+
+def without_flags(self, k):
+    bucket = self.buckets[k]
+    flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel())
+                      for p in bucket])
+    self.started.append((flat, self.comm.all_reduce_async(flat, "avg")))
+    self.next_bucket = k + 1
+
+
+def zero_means_unused(drop):
+    """A finish that takes an average of exactly zero for "no rank used it": it leaves the
+    rank's own gradient there, or (`drop`) sets None."""
+    def finish(self):
+        if not self.sync:
+            return
+        while self.next_bucket < len(self.buckets):
+            self.start_bucket(self.next_bucket)
+        for bucket, (flat, handle) in zip(self.buckets, self.started):
+            handle.wait()
+            start = 0
+            for p in bucket:
+                part = flat[start:start + p.numel()]
+                if part.any():
+                    p.grad = part.view_as(p).clone()
+                elif drop:
+                    p.grad = None
+                start += p.numel()
+        self.new_step()
+    return finish
+
+
+@pytest.mark.parametrize("drop", [False, True], ids=["leaves-its-own", "sets-none"])
+def test_an_average_of_zero_taken_for_unused_fails_q6_only(drop):
+    ns = with_answer("DataParallel", subclass(start_bucket=without_flags,
+                                              finish=zero_means_unused(drop)))
+    cancelling = "gate should be a tensor" if drop else "gate differs from one process"
+    with pytest.raises(AssertionError, match=f"on 2 simulated ranks, rank 0, the last step's "
+                                             f"gradients: {cancelling}"):
+        ns["check_cancelling"](2**20)
+    if drop:
+        with pytest.raises(AssertionError, match="inputs of zeros on 2 simulated ranks, rank 0 "
+                                                 ".*: body.weight should be a tensor"):
+            ns["check_zero_gradient"](2, 200)
+    else:  # its own gradient of zeros is the right one there
+        ns["check_zero_gradient"](2, 200)
+    for check in ("check_equal", "check_buckets"):
+        ns[check](2, 576)
+    ns["check_overlap"](2)
+    ns["check_no_sync"](2, 3)
+    ns["check_toy"](2, 200)
+    ns["check_toy"](3, 200, make_optimizer=ns["adamw"])
+    ns["check_on_cluster"](200)
 
 
 def in_blocks(self):
