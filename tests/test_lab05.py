@@ -4,7 +4,8 @@ gradients and keeps the clock and the messages; GPipe's order submitted as 1F1B 
 gradients and fails the live-activation bound; 1F1B with p - 1 warm-up forwards on every rank
 keeps the gradients and fails the makespan; a greedy split fails Q1 only; a loss broadcast from
 the last stage fails the messages; a schedule whose stages all receive first fails as a deadlock,
-naming every rank and what it waits for.
+naming every rank and what it waits for; micro-batches cut with `torch.chunk`, which never
+refuses a batch that m does not divide, fail Q3's gradients only.
 
 They run the lab's own checks, loaded from solutions/ with `definitions`, on the instructor's
 solution and on variants of it (`grader check` runs the whole notebook, its 4 engines too)."""
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.timeout(300)
 
 LAB = "lab05_pipeline"
 CHECKS = ("check_split", "check_relay", "check_gradients", "check_gpipe_clock",
-          "check_1f1b_clock", "check_messages", "split_model", "gpipe_step", "one_f_one_b_step")
+          "check_1f1b_clock", "check_messages", "check_uneven_batch", "split_model", "gpipe_step",
+          "one_f_one_b_step")
 
 
 def lab_checks():
@@ -41,6 +43,8 @@ def test_the_solution_passes_every_check():
                 ns["check_messages"](ns[step], p, m)
             ns["check_gpipe_clock"](p, m)
             ns["check_1f1b_clock"](p, m)
+    ns["check_uneven_batch"](ns["gpipe_step"], 2, 4, 10)
+    ns["check_uneven_batch"](ns["one_f_one_b_step"], 3, 4, 6)
 
 
 def test_summing_the_micro_batches_losses_fails_the_gradients_only():
@@ -147,3 +151,19 @@ def test_stages_that_all_receive_first_fail_as_a_deadlock_naming_every_rank():
     assert "DeadlockError" in message
     for rank, peer in [(0, 1), (1, 2), (2, 1)]:
         assert f"rank {rank}: waiting in recv from rank {peer}" in message
+
+
+def test_micro_batches_cut_by_chunk_fail_q3s_gradients_only():
+    ns = lab_checks()
+    exec("def cut(batch, m):\n    return batch.chunk(m)\n", ns)  # noqa: S102
+    with pytest.raises(AssertionError, match="4 does not divide 10, so there are no 4 equal "
+                                             "micro-batches; rank 0's step ran"):
+        ns["check_uneven_batch"](ns["gpipe_step"], 2, 4, 10)
+    with pytest.raises(AssertionError, match="IndexError"):  # chunk made 3 of 2, not 4
+        ns["check_uneven_batch"](ns["gpipe_step"], 3, 4, 6)
+    for p, m in ((1, 1), (2, 4), (4, 8)):  # batches that m divides: chunk is right
+        ns["check_gradients"](ns["gpipe_step"], p, m)
+        ns["check_gradients"](ns["one_f_one_b_step"], p, m)
+        ns["check_gpipe_clock"](p, m)
+        ns["check_1f1b_clock"](p, m)
+        ns["check_messages"](ns["gpipe_step"], p, m)
