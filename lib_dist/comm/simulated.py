@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import RankFailure
+from ..patience import load_seen, stretched
 from .base import Communicator, Handle
 from .clock import VirtualClock
 from .errors import CommError, CommTimeout, DeadlockError, MismatchError, PeerFailed
@@ -86,7 +87,8 @@ class SimulatedWorld:
         """Run `fn(comm, *args, **kwargs)` on every rank; return the results by rank.
 
         Raises `RankFailure` naming every rank that raised. Once a rank has failed, the
-        others get `timeout` seconds to finish; those still busy are its `still_running`.
+        others get `timeout` seconds to finish; those still busy are its `still_running`. A rank
+        waiting on a peer gets `timeout` seconds stretched by the machine's load (`patience`).
         """
         self.trace = Trace()
         # A fresh state per run: a rank thread left over from an earlier failed run (still
@@ -169,7 +171,9 @@ class SimulatedWorld:
             send.done = recv.done = True
 
     def wait(self, op: _Op) -> None:
-        deadline = time.monotonic() + self.timeout
+        # A busy machine starves the peer's thread, not the exchange: the wait grows with load.
+        limit = stretched(self.timeout)
+        deadline = time.monotonic() + limit
         s = op.state
         assert s is not None  # `post` gave it one
         with self._cond:
@@ -183,7 +187,8 @@ class SimulatedWorld:
                     if remaining <= 0:
                         raise CommTimeout(
                             f"rank {op.rank}: {op.describe()} did not complete within "
-                            f"{self.timeout:g} s")
+                            f"{self.timeout:g} s" + ("" if limit == self.timeout else
+                                                     f" (waited {limit:.1f} s: {load_seen()})"))
                     self._cond.wait(remaining)
             finally:
                 del s.waiting[op.rank]
