@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lab_solutions import solution
-from rounding import tolerance, worst
+from tolerances import tolerance, worst
 
 from lib_dist.losses import (
     binary_cross_entropy_with_logits, cross_entropy, log_softmax, next_token_loss)

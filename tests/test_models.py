@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rounding import tolerance, worst
+from tolerances import tolerance, worst
 
 from lib_dist.models import GPT, MLP, GPTConfig, bigram_logits
 from lib_dist.train import gpt_num_params

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lab_solutions import solution
-from rounding import tolerance
+from tolerances import tolerance
 
 from lib_dist.models import MLP
 from lib_dist.optim import Optimizer, param_groups

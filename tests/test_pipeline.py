@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import itertools
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,9 +23,8 @@ from lib_dist.pipeline import (SCHEDULES, ScheduleDeadlock, Stage, Step, balance
                                one_f_one_b, peak_live, recv_forward, run_schedule, simulate,
                                split_model)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tolerances import gpt_terms, rounding  # noqa: E402
+from tolerances import gpt_terms, rounding
 
 CONFIG = GPTConfig(vocab_size=17, block_size=8, n_layer=4, n_head=2, n_embd=16)
 TERMS = gpt_terms(CONFIG, 8 * CONFIG.block_size)  # gpt_batch's 8 sequences

@@ -6,7 +6,6 @@ rank and the receive it waits in, and the cluster goes on."""
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,8 @@ from lib_dist.models.gpt import GPTConfig
 from lib_dist.pipeline import (Stage, gpipe_step, gpt_layers, next_token_loss, one_f_one_b_step,
                                recv_forward, split_model)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tolerances import gpt_terms, rounding  # noqa: E402
+from tolerances import gpt_terms, rounding
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,8 @@ from lib_dist.tensor_parallel.cost import (block_bytes_per_token, block_communic
                                            layout, layouts)
 from lib_dist.train.memory import gpt_num_params
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tolerances import gpt_terms, rounding  # noqa: E402
+from tolerances import gpt_terms, rounding
 
 TPS = [1, 2, 4]
 CONFIG = GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=4, n_embd=16)

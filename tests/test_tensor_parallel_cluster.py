@@ -6,7 +6,6 @@ plan and nothing else in its trace."""
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -18,9 +17,8 @@ from lib_dist.losses import next_token_loss
 from lib_dist.models.gpt import GPT, Block, GPTConfig
 from lib_dist.tensor_parallel import unshard
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tolerances import gpt_terms, rounding  # noqa: E402
+from tolerances import gpt_terms, rounding
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster]
 

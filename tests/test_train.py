@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from lab_solutions import solution
-from rounding import tolerance
+from tolerances import tolerance
 
 from lib_dist.data import ExampleBatches, load_digits
 from lib_dist.losses import next_token_loss
