@@ -181,18 +181,29 @@ def test_a_no_sync_that_still_sends_keeps_the_values_and_fails_q5():
     ns["check_equal"](2, 576)
 
 
-def zeros_for_everyone(self):
-    if not self.sync:
-        return
-    while self.next_bucket < len(self.buckets):
-        self.start_bucket(self.next_bucket)
-    for bucket, (flat, handle) in zip(self.buckets, self.started):
-        handle.wait()
-        start = 0
-        for p in bucket:  # the flags ignored: a gradient of zeros where no rank had one
-            p.grad = flat[start:start + p.numel()].view_as(p).clone()
-            start += p.numel()
-    self.new_step()
+def finish_assigning(assign):
+    """A `finish` that waits for every bucket's average and hands each parameter its part
+    through `assign(p, part)`: the rule a wrong answer gets wrong."""
+    def finish(self):
+        if not self.sync:
+            return
+        while self.next_bucket < len(self.buckets):
+            self.start_bucket(self.next_bucket)
+        for bucket, (flat, handle) in zip(self.buckets, self.started):
+            handle.wait()
+            start = 0
+            for p in bucket:
+                assign(p, flat[start:start + p.numel()])
+                start += p.numel()
+        self.new_step()
+    return finish
+
+
+def zeros_everywhere(p, part):
+    p.grad = part.view_as(p).clone()  # the flags ignored: zeros where no rank had a gradient
+
+
+zeros_for_everyone = finish_assigning(zeros_everywhere)
 
 
 def test_zeros_instead_of_none_for_an_unused_parameter_fail_q6_only():
@@ -216,23 +227,12 @@ def without_flags(self, k):
 def zero_means_unused(drop):
     """A finish that takes an average of exactly zero for "no rank used it": it leaves the
     rank's own gradient there, or (`drop`) sets None."""
-    def finish(self):
-        if not self.sync:
-            return
-        while self.next_bucket < len(self.buckets):
-            self.start_bucket(self.next_bucket)
-        for bucket, (flat, handle) in zip(self.buckets, self.started):
-            handle.wait()
-            start = 0
-            for p in bucket:
-                part = flat[start:start + p.numel()]
-                if part.any():
-                    p.grad = part.view_as(p).clone()
-                elif drop:
-                    p.grad = None
-                start += p.numel()
-        self.new_step()
-    return finish
+    def assign(p, part):
+        if part.any():
+            p.grad = part.view_as(p).clone()
+        elif drop:
+            p.grad = None
+    return finish_assigning(assign)
 
 
 @pytest.mark.parametrize("drop", [False, True], ids=["leaves-its-own", "sets-none"])
