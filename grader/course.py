@@ -27,7 +27,7 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Clea
 from traitlets.config import Config
 
 from .execute import GradedExecute, TestStderrIsNotAFailure
-from .integrity import ForgetForeignCells
+from .integrity import ForgetForeignCells, RestoreLockedCells
 from .redact import RedactHiddenTests
 from .sandbox import Limits
 
@@ -98,7 +98,9 @@ class Course:
             setattr(c.CourseDirectory, f"{step}_directory", f"{WORK}/{step}")
         c.CourseDirectory.db_url = self.db_url
         c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "build"]
-        c.OverwriteCells.add_missing_cells = True  # a deleted graded cell is graded as shipped
+        c.RestoreLockedCells.release = str(self.labs)  # a deleted test is graded as shipped
+        c.GradedExecute.release = str(self.labs)
+        c.GradedExecute.editions = str(self.work / "editions")
         c.Execute.timeout = self.cell_timeout
         c.Execute.extra_arguments = ["--HistoryManager.hist_file=:memory:", "--log-level=ERROR"]
         c.GradedExecute.sandbox = self.sandbox
@@ -106,8 +108,8 @@ class Course:
         for name, value in asdict(self.limits).items():
             setattr(c.SandboxedKernelManager, name, value)
         c.Autograde.sanitize_preprocessors = [
-            ClearOutput, DeduplicateIds, OverwriteKernelspec, ForgetForeignCells, OverwriteCells,
-            CheckCellMetadata]
+            ClearOutput, DeduplicateIds, OverwriteKernelspec, ForgetForeignCells,
+            RestoreLockedCells, OverwriteCells, CheckCellMetadata]
         c.Autograde.autograde_preprocessors = [
             GradedExecute, TestStderrIsNotAFailure, ClearMetadataPreprocessor, LimitOutput,
             SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]

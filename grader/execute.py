@@ -13,8 +13,8 @@ test cell's stderr into ordinary output: a failing test still fails by raising.
 On a busy machine a cell gets more time than the cell timeout (`lib_dist.patience`:
 stretched by the load, at most five times): a slow cell is not an endless one.
 
-For a lab that lib_dist declares, locked cells run under the kernel's guard (`grader.integrity`):
-an answer taken from lib_dist, or a test whose oracle the submission changed, scores 0.
+A lab that lib_dist declares (`lib_dist.extend.LABS`) is not run in a kernel at all: the judge
+grades it (`grader.judged`), in a process into which only the student's answers are loaded.
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
-from traitlets import Bool
+from traitlets import Bool, Unicode
 
+from lib_dist.extend import LABS
 from lib_dist.patience import load_seen, stretched
 
-from . import integrity
-from .sandbox import SandboxedKernelManager, StandbyKernelManager
+from .edition import judged_edition
+from .judged import judge_notebook
+from .sandbox import SandboxedKernelManager, StandbyKernelManager, _with_engines_started
 
 RECOVERY_SECONDS = 10
 
@@ -49,14 +51,15 @@ class GradedExecute(Execute):
     """nbgrader's Execute, surviving a dead or stuck kernel (see the module docstring)."""
 
     sandbox = Bool(False, help="run each kernel in grader.sandbox").tag(config=True)
+    release = Unicode("", help="the course's labs/ folder: the judge runs locked cells in "
+                               "the released notebook's order").tag(config=True)
+    editions = Unicode("", help="where the judged editions of lib_dist are built "
+                                "(grader.edition)").tag(config=True)
     _stopped_at: int | None = None
     _stop_reason: str = ""
     _stretch: str = ""
     _where: str = ""
-    _lab: str | None = None
-    _guard: str | None = None
     _log: IO[bytes] | None = None
-    _locked: set[str] = set()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -69,13 +72,33 @@ class GradedExecute(Execute):
 
     def preprocess(self, nb, resources=None, km=None):
         self._stopped_at, self._stop_reason = None, ""
-        self._lab, self._guard = integrity.graded_lab(resources), None
-        self._locked = integrity.released_cells(resources, locked_code_only=True) if self._lab else set()
+        lab = (resources or {}).get("nbgrader", {}).get("notebook")
+        with _kernel_log(resources) as self._log:
+            if lab in LABS and (resources or {}).get("nbgrader", {}).get("db_url"):
+                return self._judged(nb, resources, lab), resources
+            return super().preprocess(nb, resources, km)
+
+    def _judged(self, nb: NotebookNode, resources: dict, lab: str) -> NotebookNode:
+        """The submission graded by the judge (`grader.judged`), in this grader's sandbox."""
+        cwd = Path(resources.get("metadata", {}).get("path") or ".").resolve()
+        edition = judged_edition(Path(self.editions or cwd / ".editions"), lab)
+        release = Path(self.release) / lab / f"{lab}.ipynb" if self.release else None
+        if not self.sandbox:
+            def launch(argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+                env.pop("LIB_DIST_GRADED_LAB", None)
+                path = [str(edition), *filter(None, [env.get("PYTHONPATH")])]
+                return _with_engines_started(argv, lab), env | {"PYTHONPATH": ":".join(path)}
+            return judge_notebook(nb, resources, lab, release, cwd, launch, self.timeout,
+                                  self._log)
+        sandbox = SandboxedKernelManager(parent=self, edition=str(edition))
         try:
-            with _kernel_log(resources) as self._log:
-                return super().preprocess(nb, resources, km)
+            return judge_notebook(
+                nb, resources, lab, release, cwd,
+                lambda argv, env: sandbox.sandboxed(argv, cwd, env, lab), self.timeout,
+                self._log, lambda: "the sandbox's memory limit" if sandbox.memory_limit_hit()
+                else "")
         finally:
-            integrity.graded_lab(None)  # nothing the grader starts later inherits it
+            sandbox.release()
 
     def start_new_kernel(self, **kwargs):
         """The kernel's (and its engines') own stderr goes to instructor/logs/, not to the
@@ -92,12 +115,6 @@ class GradedExecute(Execute):
             cell.outputs = [error_output("NotRun", f"not run: {self._stop_reason} in "
                                                    f"{self._where}")]
             return cell, resources
-        if self._lab and self._guard is None:
-            self._guard = run_sync(integrity.arm)(self.kc, self._lab)
-        guarded = self._guard is not None and integrity.routed(cell, self._locked)
-        source = cell.source
-        if guarded:
-            cell.source = integrity.guarded_source(cell)
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
         except CellTimeoutError:  # the kernel went silent even after the interrupt
@@ -113,8 +130,6 @@ class GradedExecute(Execute):
                            "the kernel died while running this cell (os._exit, a crash, or "
                            "running out of memory); the cells after it were not run")
             return cell, resources
-        finally:
-            cell.source = source
         if self.sandbox:
             explain_limits(cell, self.km)
         if _timed_out(cell):
@@ -127,8 +142,6 @@ class GradedExecute(Execute):
                        f"this cell ran for more than {self.timeout} s and the kernel did not "
                        "respond to an interrupt; the cells after it were not run")
             run_sync(self._kill_kernel)()
-        if guarded and self._stopped_at is None:
-            self._report_tampering(cell)
         return cell, resources
 
     def _get_timeout(self, cell: NotebookNode | None) -> int | None:
@@ -138,14 +151,6 @@ class GradedExecute(Execute):
         self._stretch = (f" (after {allowed:.0f} s: {load_seen()})"
                          if allowed and allowed > timeout else "")
         return allowed  # type: ignore[return-value]  # nbclient compares it with float seconds
-
-    def _report_tampering(self, cell: NotebookNode) -> None:
-        try:
-            changes = run_sync(integrity.findings)(self.kc, self._guard, cell)
-        except Exception:  # noqa: BLE001 - a stuck or dead kernel: its cell already failed
-            return
-        if changes and not any(o.get("ename") == "Tampering" for o in cell.outputs):
-            cell.outputs.append(integrity.tampering_output(changes))
 
     def _stop(self, cell: NotebookNode, index: int, ename: str, reason: str, text: str) -> None:
         self._stopped_at, self._stop_reason = index, reason

@@ -68,7 +68,7 @@ class StandbyKernelManager(AsyncKernelManager):
     grading without the sandbox uses."""
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
-        await super()._async_launch_kernel(_with_engines_started(kernel_cmd), **kw)
+        await super()._async_launch_kernel(_with_engines_started(kernel_cmd, None), **kw)
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -79,6 +79,8 @@ class SandboxedKernelManager(AsyncKernelManager):
     total_memory_mb = Int(Limits.total_memory_mb).tag(config=True)
     processes = Int(Limits.processes).tag(config=True)
     file_size_mb = Int(Limits.file_size_mb).tag(config=True)
+    edition = Unicode("", help="a folder holding the lib_dist to mount in lib_dist's place "
+                               "(grader.edition)").tag(config=True)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -93,14 +95,29 @@ class SandboxedKernelManager(AsyncKernelManager):
         return Limits(self.memory_mb, self.total_memory_mb, self.processes, self.file_size_mb)
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
-        cwd = Path(kw.get("cwd") or os.getcwd()).resolve()
-        work = self.private / "work"
-        shutil.copytree(cwd, work)
-        kw["env"] = _sandbox_env(kw.get("env") or dict(os.environ), _tuner_cache())
+        argv, kw["env"] = self.sandboxed(kernel_cmd, Path(kw.get("cwd") or os.getcwd()),
+                                         kw.get("env") or dict(os.environ))
         # A signal would reach bwrap, not the kernel in its own session: ask by message.
         if self.kernel_spec is not None:
             self.kernel_spec.interrupt_mode = "message"
-        await super()._async_launch_kernel(self._wrap(kernel_cmd, cwd, work), **kw)
+        await super()._async_launch_kernel(argv, **kw)
+
+    def sandboxed(self, command: list[str], cwd: Path, env: dict[str, str],
+                  lab: str | None = None) -> tuple[list[str], dict[str, str]]:
+        """`command` (run from `cwd`) as a command line that runs it in this sandbox, and its
+        environment; beside the standby engines of `lab` when it starts a cluster."""
+        cwd = cwd.resolve()
+        work = self.private / "work"
+        if work.exists():  # a judge started again: a fresh copy of the submission's folder
+            shutil.rmtree(work)
+        shutil.copytree(cwd, work)
+        return (self._wrap(_with_engines_started(command, lab), cwd, work),
+                _sandbox_env(env, _tuner_cache()))
+
+    def release(self) -> None:
+        """Remove the sandbox's cgroups and private folder (a kernel's are removed with it)."""
+        _remove_cgroups(self.cgroups)
+        shutil.rmtree(self.private, ignore_errors=True)
 
     def _wrap(self, kernel_cmd: list[str], cwd: Path, work: Path) -> list[str]:
         limits = self.limits
@@ -113,6 +130,8 @@ class SandboxedKernelManager(AsyncKernelManager):
             bwrap += ["--tmpfs", folder]
         for keep in _software_under([*self.hidden, str(Path.home()), "/tmp"]):
             bwrap += ["--ro-bind", keep, keep]
+        if self.edition:  # over lib_dist, wherever it is: the lab's answers are not in it
+            bwrap += ["--ro-bind", str(Path(self.edition) / "lib_dist"), str(_lib_dist_folder())]
         bwrap += ["--bind", str(self.private), str(self.private), "--bind", str(work), str(cwd)]
         for own in _other_labs_of_this_student(cwd):  # a later lab may reuse an earlier one
             bwrap += ["--ro-bind", str(own), str(own)]
@@ -122,7 +141,7 @@ class SandboxedKernelManager(AsyncKernelManager):
                   "--unshare-uts", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
                   "--die-with-parent", "--new-session",
                   "--setenv", "JPY_PARENT_PID", "1"]  # bwrap's init: the parent in here
-        return jail + ["--", *bwrap, "--", *_with_engines_started(kernel_cmd)]
+        return jail + ["--", *bwrap, "--", *kernel_cmd]
 
     def memory_limit_hit(self) -> bool:
         """Did the sandbox's cgroup kill a process for memory?"""
@@ -135,17 +154,23 @@ class SandboxedKernelManager(AsyncKernelManager):
             shutil.rmtree(self.private, ignore_errors=True)
 
 
-def _with_engines_started(kernel_cmd: list[str]) -> list[str]:
-    """The kernel command, started beside an engine host in standby when the graded lab
-    starts a cluster of engines: their import of torch then overlaps the kernel's."""
+def _with_engines_started(kernel_cmd: list[str], lab_name: str | None) -> list[str]:
+    """The command, started beside an engine host in standby when the lab starts a cluster of
+    engines: their import of torch then overlaps the command's."""
     from lib_dist.cluster import standby
     from lib_dist.extend import LABS
 
-    lab = LABS.get(os.environ.get("LIB_DIST_GRADED_LAB", ""))
+    lab = LABS.get(lab_name or "")
     if lab is None or not lab.engines:
         return kernel_cmd
     imports = [word for name in lab.preload for word in ("--import", name)]
     return [sys.executable, standby.__file__, *imports, "--", *kernel_cmd]
+
+
+def _lib_dist_folder() -> Path:
+    import lib_dist
+
+    return Path(lib_dist.__file__).resolve().parent
 
 
 def _other_labs_of_this_student(cwd: Path) -> list[Path]:

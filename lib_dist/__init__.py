@@ -11,9 +11,12 @@ import os as _os
 
 __version__ = "0.1.0"
 
-if _os.environ.get("LIB_DIST_GRADED_LAB"):  # in a graded kernel and its engines only
+from .integrity.edition import LAB as _JUDGED_LAB
+
+_graded = _JUDGED_LAB or _os.environ.get("LIB_DIST_GRADED_LAB")
+if _graded:  # in a judged edition's processes (grader.edition), or where a test asks for it
     from .integrity.oracles import guard_oracles as _guard_oracles
     from .integrity.stubs import switch_off_references as _switch_off
 
-    _switch_off(_os.environ["LIB_DIST_GRADED_LAB"])  # what the lab asks for: switched off
-    _guard_oracles(_os.environ["LIB_DIST_GRADED_LAB"])  # what it is compared with: not in answers
+    _switch_off(_graded)  # what the lab asks for: switched off (the edition has no body left)
+    _guard_oracles(_graded)  # what it is compared with: not inside answers

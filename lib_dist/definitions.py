@@ -75,17 +75,27 @@ def definitions(notebook: str | Path, *names: str, fallback: Any = None) -> Defi
     Raises `MissingDefinition` naming what is missing and what the notebook does define, unless
     `fallback` provides it. See the module docstring.
     """
+    path = Path(notebook)
+    cells = _code_cells(path) if path.is_file() else []
+    return definitions_in(cells, *names, fallback=fallback, source_name=path)
+
+
+def definitions_in(cells: list[str], *names: str, fallback: Any = None,
+                   source_name: str | Path = "cells") -> Definitions:
+    """`definitions`, from the sources of a notebook's code cells rather than its file (the
+    judge loads a submission's answers from its own cells this way). `source_name` is the
+    notebook's path or name, for messages and tracebacks."""
     if not names:
         raise TypeError("definitions() needs at least one name to load")
-    path = Path(notebook)
-    statements = _top_level_statements(path) if path.is_file() else []
+    path = Path(source_name)
+    statements = _statements_of(cells)
     bound = _bindings(statements)
     found = [n for n in names if n in bound
              and not any(_unanswered(statements[i]) for i in _closure(statements, bound, [n]))]
     missing = [n for n in names if n not in found]
     if missing and fallback is None:
         raise MissingDefinition(f"{path}: no answered definition of {', '.join(missing)} "
-                                f"({_what_it_defines(path, statements)})")
+                                f"({_what_it_defines(statements, bool(cells))})")
     source = "\n\n".join(ast.unparse(statements[i])
                           for i in sorted(_closure(statements, bound, found)))
     module, problem = types.ModuleType(f"notebook_{path.stem}"), ""
@@ -108,9 +118,9 @@ def definitions(notebook: str | Path, *names: str, fallback: Any = None) -> Defi
     return Definitions(values, origins, source, problem)
 
 
-def _what_it_defines(path: Path, statements: list[ast.stmt]) -> str:
-    if not path.is_file():
-        return "no such file"
+def _what_it_defines(statements: list[ast.stmt], any_cells: bool) -> str:
+    if not any_cells:
+        return "no such file, or no code cells"
     defined = sorted({s.name for s in statements if isinstance(s, DEFINITIONS)})
     return "it defines " + (", ".join(defined) if defined else "no function or class")
 
@@ -125,16 +135,18 @@ def _run(source: str, path: Path) -> types.ModuleType:
     return module
 
 
-def _top_level_statements(path: Path) -> list[ast.stmt]:
-    """Every top-level statement of the notebook's code cells, in order. Cell magics (%%px,
+def _code_cells(path: Path) -> list[str]:
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+
+
+def _statements_of(cells: list[str]) -> list[ast.stmt]:
+    """Every top-level statement of the code cells, in order. Cell magics (%%px,
     %%time, ...) are skipped whole; line magics and shell escapes become plain calls, which
     bind nothing; a cell that does not parse is skipped."""
-    nb = json.loads(path.read_text(encoding="utf-8"))
     statements = []
-    for cell in nb.get("cells", []):
-        if cell.get("cell_type") != "code":
-            continue
-        text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    for text in cells:
         if text.lstrip().startswith("%%"):
             continue
         try:
@@ -169,7 +181,8 @@ def _bound_names(stmt: ast.stmt) -> list[str]:
     if isinstance(stmt, (ast.Import, ast.ImportFrom)):
         return [(a.asname or a.name).split(".")[0] for a in stmt.names if a.name != "*"]
     if isinstance(stmt, ast.Assign):
-        return [n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        return [n.id for t in stmt.targets for n in ast.walk(t)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]  # not `x[i] = ...`
     if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value:
         return [stmt.target.id]
     return []

@@ -1,0 +1,175 @@
+"""The judge: the process a graded lab's tests run in, and where their verdicts come from.
+
+The grader (`grader.judge`) starts `python -m lib_dist.integrity.judge` in the submission's
+sandbox, with lib_dist's judged edition (`grader.edition`) in place of lib_dist, and writes one
+job on its standard input: the lab, the sources of the submission's own code cells, the lab's
+locked cells as the gradebook holds them (setup, helpers, visible and hidden tests) in the
+release's order, a key and the number of the pipe to report on. The student's notebook is not
+run here: of the student's code, only the definitions of the names the lab asks for (and what
+they use) are loaded (`lib_dist.definitions`), after the guard has taken its snapshot.
+
+Each locked cell runs under the guard (`guard.Guard.run`); then the judge writes to the pipe
+what the cell printed and, for a graded cell, its verdict, signed with the key (HMAC-SHA256
+over the job's nonce, the cell and the verdict). A test passes when the signed verdict says so:
+no exception left the cell, the guard saw no change, and the seal (`seal`) saw none either.
+The key lives only in this module's frames and closures, out of the student's reach
+(`lockdown`), and the verdict is computed with functions captured before any student code ran.
+"""
+
+from __future__ import annotations
+
+import _hashlib
+import builtins
+import contextlib
+import io
+import json
+import os
+import sys
+import types
+from typing import Any
+
+CLOSED_TO_STUDENTS = "closed"  # what stdin holds once the job is read
+
+
+def main() -> None:
+    job = json.loads(sys.stdin.read())
+    _close_stdin()
+    key, channel = bytes.fromhex(job.pop("key")), int(job["channel"])
+    write, sign, hex_of = os.write, _hashlib.hmac_digest, bytes.hex
+    nonce = str(job["nonce"])
+
+    def report(kind: str, payload: str) -> None:
+        write(channel, f"{kind} {payload}\n".encode())
+
+    def verdict(index: int, name: str, passed: bool) -> None:
+        line = f"{nonce}|{index}|{name}|{'pass' if passed else 'fail'}"
+        report("V", f"{line}|{hex_of(sign(key, line.encode(), 'sha256'))}")
+
+    _judge(job, report, verdict)
+
+
+def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
+    from . import guard as guard_module
+    from . import lockdown, oracles, seal, snapshot
+    from ..definitions import definitions_in
+    from ..extend import LABS
+
+    lab, cells, start = job["lab"], job["cells"], int(job.get("start", 0))
+    answers: dict[str, Any] = {}
+    judge = guard_module.Guard(lab, answers)
+    run, described = guard_module.Guard.run, _describer({f"<{c['name']}>": c["source"]
+                                                         for c in cells})
+    changed = seal.seal(_sealed(judge.snapshot), snapshot.UNWATCHED, snapshot.CLASS_CACHES,
+                        snapshot.LAZY_REBINDINGS)
+    _make_undumpable()
+    permit = lockdown.lock_down({__file__, guard_module.__file__,
+                                 *(f"<{cell['name']}>" for cell in cells)})
+    problems = _load_answers(answers, job["answers"], LABS[lab].asks, definitions_in, oracles)
+    report("A", json.dumps({"loaded": sorted(answers), "problems": problems}))
+    for index, cell in enumerate(cells):
+        graded = bool(cell["graded"])
+        if index < start and graded:
+            continue
+        report("B", str(index))
+        out, error = io.StringIO(), None
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                run(judge, cell["source"], cell["name"], graded)
+        except BaseException as e:  # noqa: BLE001 - a test's failure, whatever it raised
+            error = described(e, permit)
+        seen = changed() if graded else []
+        report("O", json.dumps({"index": index, "text": out.getvalue()[-200_000:],
+                                "error": error, "changed": seen}))
+        if graded:
+            verdict(index, cell["name"], error is None and not seen)
+    report("E", "")
+
+
+def _load_answers(into: dict[str, Any], cells: list[str], asks: tuple[str, ...],
+                  definitions_in: Any, oracles: Any) -> dict[str, str]:
+    """Load the student's definitions of `asks` into `into`, all at once or else one by one;
+    name -> why it could not be loaded, for each that could not."""
+    problems: dict[str, str] = {}
+    oracles.enter("the answers' definitions")  # loading runs the student's code
+    try:
+        try:
+            into.update(zip(asks, definitions_in(cells, *asks, source_name="your notebook")))
+            return problems
+        except Exception:  # noqa: BLE001 - one broken answer: load the others alone
+            pass
+        for name in asks:
+            try:
+                into[name] = definitions_in(cells, name, source_name="your notebook")[name]
+            except Exception as e:  # noqa: BLE001 - the student's code or a missing answer
+                problems[name] = f"{type(e).__name__}: {e}"
+    finally:
+        oracles.leave()
+    return problems
+
+
+def _sealed(snap: Any) -> list[tuple[str, Any]]:
+    """The namespaces the guard's snapshot watches, labelled as it labels them."""
+    return ([(name, vars(module)) for name, module in snap.modules.items()]
+            + [(f"{cls.__module__}.{cls.__qualname__}", vars(cls)) for cls in snap.classes])
+
+
+def _describer(sources: dict[str, str]) -> Any:
+    """A function describing an exception a cell raised: its type, message and traceback. The
+    traceback is read under the lockdown's permit, with nothing but the interpreter's own
+    attributes (an exception's class may define `__str__`, or a `__traceback__` property: the
+    student's code, which must not run while frames are open to it)."""
+    get_traceback = BaseException.__dict__["__traceback__"].__get__
+    traceback_type, type_, str_ = types.TracebackType, type, str
+
+    def described(e: BaseException, permit: Any) -> dict[str, Any]:
+        lines: list[tuple[str, int, str]] = []
+        permit(True)  # from here to permit(False), nothing a submission can rebind is called
+        try:
+            tb, left = get_traceback(e), 40
+            while type_(tb) is traceback_type and left:
+                code = tb.tb_frame.f_code
+                lines.append((str_.__str__(code.co_filename), tb.tb_lineno,
+                              str_.__str__(code.co_name)))
+                tb, left = tb.tb_next, left - 1
+        finally:
+            permit(False)
+        try:
+            value = str(e)[:20_000]
+        except Exception:  # noqa: BLE001 - a hostile __str__
+            value = "(its message could not be read)"
+        name = type_(e).__name__
+        shown = [f'  File "{file}", line {line}, in {where}\n' + _line_of(sources, file, line)
+                 for file, line, where in lines]
+        return {"ename": name, "evalue": value,
+                "traceback": ["Traceback (most recent call last):\n", *shown, f"{name}: {value}"]}
+
+    return described
+
+
+def _line_of(sources: dict[str, str], file: str, line: int) -> str:
+    text = sources.get(file)
+    if text is None:
+        return ""
+    lines = text.splitlines()
+    return f"    {lines[line - 1].strip()}\n" if 0 < line <= len(lines) else ""
+
+
+def _close_stdin() -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
+def _make_undumpable() -> None:
+    """No other process of the sandbox (an engine, a child the student starts) may read this
+    one's memory through /proc or ptrace: Linux's prctl(PR_SET_DUMPABLE, 0)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):  # not Linux: the sandbox's own isolation is what remains
+        pass
+
+
+if __name__ == "__main__":
+    main()
