@@ -199,7 +199,7 @@ class Cluster:
         if got.hung:
             raise RankTimeout(got.hung, timeout, where)
         self.trace = Trace.merge([Trace(list(o.events)) for o in got.done.values()])
-        return [got.done[rank].result for rank in range(self.n)]
+        return got.results(self.n, getattr(fn, "__qualname__", "the function on the ranks"))
 
     def _dead_engines(self, ranks: set[int]) -> list[int]:
         """Ranks whose engine process on this host is gone (faster than the heartbeat)."""

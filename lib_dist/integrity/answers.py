@@ -47,6 +47,7 @@ def checked(fn: Callable[..., Any], name: str, guard: int) -> Callable[..., Any]
 def checked_class(cls: type, name: str, guard: int, students: Callable[[type], bool]) -> type:
     """Wrap in place (once) the methods of `cls` and of the classes it builds on that are
     `students` (their methods would otherwise run unwrapped)."""
+    _known_classes.update(k for k in cls.__mro__ if k is cls or students(k))
     for klass in cls.__mro__:
         if klass is cls or (klass is not object and students(klass)):
             for attr, value in list(vars(klass).items()):
@@ -136,18 +137,56 @@ def _after_answer(guard: int, name: str, result: Any) -> Any:
     return result
 
 
-def require_plain(result: Any, name: str) -> None:
-    """Tensors in what an answer returns must be torch.Tensor itself (or a Parameter)."""
-    if isinstance(result, torch.Tensor) and type(result) not in _PLAIN:
-        raise Tampering(f"{name} returned a {type(result).__qualname__}, a subclass of "
+def require_plain(result: Any, name: str, depth: int = 0) -> None:
+    """What an answer returns must compare as plain data: tensors that are torch.Tensor itself
+    (or a Parameter), and no object whose class changes how it compares, counts or iterates
+    (`__eq__` always true, a list whose `__len__` lies) unless that class is Python's,
+    torch's or lib_dist's own, the lab's (`know_classes`), or one the lab asks for."""
+    if depth > 8:
+        return
+    kind = type(result)
+    if isinstance(result, torch.Tensor) and kind not in _PLAIN:
+        raise Tampering(f"{name} returned a {kind.__qualname__}, a subclass of "
                         f"torch.Tensor; return a plain torch.Tensor")
-    if isinstance(result, (list, tuple)):
-        for item in result:
-            require_plain(item, name)
-    elif isinstance(result, dict):
-        for item in result.values():
-            require_plain(item, name)
+    if kind not in _PLAIN and (changed := _changed_behaviour(kind)):
+        raise Tampering(f"{name} returned a {kind.__qualname__}, whose class changes "
+                        f"{', '.join(changed)}: return plain values (numbers, lists, tuples, "
+                        f"dicts, tensors) or lib_dist's and torch's own objects")
+    if kind in (list, tuple) or (isinstance(result, tuple) and not changed):
+        for item in list(result)[:10_000]:
+            require_plain(item, name, depth + 1)
+    elif kind is dict:
+        for item in list(result.values())[:10_000]:
+            require_plain(item, name, depth + 1)
 
 
-__all__ = ["Resumed", "Tampering", "checked", "checked_class", "defined_in", "refusing",
-           "require_plain"]
+_TRUSTED_ROOTS = ("builtins", "torch", "lib_dist", "numpy", "collections", "typing")
+_BEHAVIOUR = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__len__",
+              "__iter__", "__getitem__", "__contains__", "__hash__", "__float__", "__int__",
+              "__index__", "__abs__", "__sub__", "__getattr__", "__getattribute__")
+_known_classes: set[type] = set()  # the lab's own classes and the answers that are classes
+
+
+def know_classes(values: Any) -> None:
+    """The classes among `values` (what a locked cell defined) are the lab's own: what an
+    answer returns may be one of them."""
+    _known_classes.update(v for v in values if isinstance(v, type))
+
+
+def _changed_behaviour(kind: type) -> list[str]:
+    """The comparison and container methods `kind` defines in a class that is neither
+    Python's, torch's nor lib_dist's (empty for a namedtuple or torch.Size)."""
+    if kind in _known_classes or kind.__module__.split(".")[0] in _TRUSTED_ROOTS:
+        return []
+    found = []
+    for klass in kind.__mro__:
+        if klass in _known_classes or klass.__module__.split(".")[0] in _TRUSTED_ROOTS:
+            continue
+        if issubclass(klass, tuple) and all(name not in vars(klass) for name in _BEHAVIOUR
+                                            if name != "__getattr__"):
+            continue  # a namedtuple: tuple's own comparisons
+        found += [name for name in _BEHAVIOUR if name in vars(klass) and name not in found]
+    return found
+
+__all__ = ["Resumed", "Tampering", "checked", "checked_class", "defined_in", "know_classes",
+           "refusing", "require_plain"]

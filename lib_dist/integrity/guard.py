@@ -35,7 +35,7 @@ from typing import Any
 
 from ..extend import LABS
 from . import current
-from .answers import Tampering, checked, checked_class, defined_in, refusing
+from .answers import Tampering, checked, checked_class, defined_in, know_classes, refusing
 from .oracles import guard_oracles, watched
 from .snapshot import Snapshot, classes_of, namespace_changes, trusted_modules
 from .stubs import switch_off_references, taken_from_oracle
@@ -88,6 +88,7 @@ class Guard:
                 self.user_ns[name] = self.ns[name]
             self._note(namespace_changes(self._before, self.ns, self._allowed))
         self._before = dict(self.ns)
+        know_classes(self._before.values())
         if graded:
             self.raise_if_changed(f"while {cell} ran")
 
