@@ -1,6 +1,6 @@
-"""The guard armed in this graded kernel, where the answers it wrapped find it when they return.
+"""The guard armed in this judge, where the answers it wrapped find it when they return.
 
-One guard per graded kernel (`guard.arm`); none on an engine, where the answers run too. The
+One guard per judge (`judge`, `guard.Guard`); none on an engine, where the answers run too. The
 state is this module's own, set and read only through these functions, so neither `guard` nor
 `answers` imports the other for it.
 """
@@ -27,5 +27,5 @@ def arm(guard: Checking) -> None:
 
 
 def guard() -> Checking | None:
-    """The guard armed in this kernel, or None (on an engine, or before the grader arms one)."""
+    """The guard armed in this process, or None (on an engine, or anywhere but a judge)."""
     return _armed

@@ -1,8 +1,8 @@
 """The graded kernel's guard: tests see the lab's own helpers and the student's answers, and
 nothing the student's code changed.
 
-The grader arms a guard in each graded kernel before the first cell (`arm`), then runs every
-locked cell (setup, helpers, tests) through `run`:
+The judge (`judge`) makes one guard before any student code runs in its process, then runs
+every locked cell (setup, helpers, tests) through `Guard.run`:
 
 - Locked cells run in a namespace of their own, not the notebook's. Their helpers' globals are
   that namespace, so a student cell that rebinds `close` or `torch`, at top level or from
@@ -38,7 +38,7 @@ from . import current
 from .answers import Tampering, checked, checked_class, defined_in, know_classes, refusing
 from .oracles import guard_oracles, watched
 from .snapshot import Snapshot, classes_of, namespace_changes, trusted_modules
-from .stubs import switch_off_references, taken_from_oracle
+from .stubs import taken_from_oracle
 
 _AUDITED = frozenset({"import", "exec", "object.__setattr__"})
 
@@ -46,7 +46,6 @@ _AUDITED = frozenset({"import", "exec", "object.__setattr__"})
 class Guard:
     """See the module docstring. One per graded kernel."""
 
-    armed: list[Guard] = []  # where the grader finds it (`grader.integrity.findings`)
 
     def __init__(self, lab: str, notebook_namespace: dict[str, Any]):
         current.arm(self)
@@ -60,13 +59,11 @@ class Guard:
         self.lib_files = {m.__file__ for m in modules
                           if m.__name__.startswith("lib_dist") and m.__file__}
         self.findings: dict[str, list[str]] = {}
-        self.ran: set[str] = set()
         self.cell = "setup"
         self._before: dict[str, Any] = {}
         self._allowed: set[str] = set()
         self._heard: list[str] = []  # from the audit hook: reported by every later check
         sys.addaudithook(self._audit)
-        Guard.armed.append(self)
 
     # -- running locked cells ------------------------------------------------------------
     def run(self, source: str, cell: str, graded: bool = True) -> None:
@@ -74,7 +71,6 @@ class Guard:
         cell that is not `graded` (setup, helpers) runs whatever changed."""
         self.cell = cell
         self.findings.setdefault(cell, [])
-        self.ran.add(cell)
         if graded:
             self.raise_if_changed(f"before {cell} ran")
         self.ns.update({name: self._answer(name) for name in self.lab.asks
@@ -91,12 +87,6 @@ class Guard:
         know_classes(self._before.values())
         if graded:
             self.raise_if_changed(f"while {cell} ran")
-
-    def report(self, cell: str) -> list[str]:
-        """What the grader puts in the cell's feedback: each change seen while it ran."""
-        if cell not in self.ran:
-            return [f"{cell} did not run under the grader's guard (was the guard replaced?)"]
-        return self.findings.get(cell, [])
 
     # -- checks ----------------------------------------------------------------------------
     def changes(self) -> list[str]:
@@ -150,23 +140,6 @@ class Guard:
         return checked(value, name, id(self)) if callable(value) else value
 
 
-def arm(lab: str) -> str:
-    """Arm the guard for `lab` in this IPython kernel; its repr (with its address) for the
-    grader."""
-    from IPython import get_ipython
-
-    switch_off_references(lab)  # again: harmless, and certain even if lib_dist came earlier
-    return object.__repr__(Guard(lab, get_ipython().user_ns))
-
-
-def run(source: str, cell: str, graded: bool = True) -> None:
-    """What a routed cell calls: the armed guard's `Guard.run`."""
-    guard = current.guard()
-    if not isinstance(guard, Guard):
-        raise RuntimeError("no guard is armed in this kernel")
-    guard.run(source, cell, graded)
-
-
 def bound_names(source: str) -> set[str]:
     """Names the cell's top-level statements bind."""
     names: set[str] = set()
@@ -202,4 +175,4 @@ def _listed(changed: list[str], most: int = 5) -> str:
     return shown + (f" and {len(changed) - most} more" if len(changed) > most else "")
 
 
-__all__ = ["Guard", "Tampering", "arm", "bound_names", "run"]
+__all__ = ["Guard", "Tampering", "bound_names"]
