@@ -111,8 +111,9 @@ def test_a_column_layer_that_keeps_every_row_fails_the_shapes():
                                              "shape \\(24, 8\\); the unsplit layer's is "
                                              "\\(12, 8\\)"):
         ns["check_linear"]("column", 2, gather=True)
-    with pytest.raises(AssertionError, match="ParallelMLP of n_embd=16 on 2 ranks: rank 0's "
-                                             "input gradient differs"):  # f is missing too
+    with pytest.raises(AssertionError, match="ParallelMLP of n_embd=16 on 2 ranks, batch 2, "
+                                             "T=5, seed 0: rank 0's input gradient differs"):
+        # f is missing too
         ns["check_branch"]("mlp", 2)
 
 
