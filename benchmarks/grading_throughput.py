@@ -1,8 +1,9 @@
 """Autograding throughput: seconds per lab00 submission (4 engines), and a class's grading time.
 
 Grades N synthetic full-marks submissions of lab00 through the grader in the sandbox, one at a
-time and then as `python -m grader autograde` does by default (`grader.pool.default_jobs` at
-once), then the same N one at a time without the sandbox, then the same lab with the engine
+time (by the judge, and by running the notebook in a kernel as the grader did before the judge:
+the judge's cost is its ratio to that) and then as `python -m grader autograde` does by default
+(`grader.pool.default_jobs` at once), then the same N one at a time without the sandbox, then the same lab with the engine
 cluster swapped for a SimulatedWorld of 4 threads (same tests, no processes), all in the same
 process. Prints seconds per submission for each (wall time of the run over N: with several at
 once, the class's throughput; one submission's own seconds are longer), the price of the
@@ -69,9 +70,10 @@ cluster = ThreadCluster(4, timeout=30).start()
 
 
 def seconds_per_submission(root: Path, lab: str, students: int, engines: bool = True,
-                           sandbox: bool = True, jobs: int = 1) -> list[Outcome]:
+                           sandbox: bool = True, jobs: int = 1,
+                           judged: bool = True) -> list[Outcome]:
     """Grade `students` copies of `lab`'s solution in a scratch course; their outcomes."""
-    course = Course(root, sandbox=sandbox)
+    course = Course(root, sandbox=sandbox, judged=judged)
     shutil.copytree(REPO / "solutions" / lab, course.solutions / lab)
     if not engines:
         source = course.source_notebook(lab)
@@ -125,7 +127,8 @@ def main() -> None:
 
     jobs = args.jobs or default_jobs(Limits())
     runs = {name: full_marks(in_scratch(LAB, args.students, **options))
-            for name, options in (("sandbox", {}), ("at once", {"jobs": jobs}),
+            for name, options in (("sandbox", {}), ("kernel", {"judged": False}),
+                                  ("at once", {"jobs": jobs}),
                                   ("no sandbox", {"sandbox": False}),
                                   ("threads", {"engines": False, "sandbox": False}))}
     each = {name: wall_per_submission(outcomes) for name, outcomes in runs.items()}
@@ -133,6 +136,11 @@ def main() -> None:
     print(f"4 engines in the sandbox:   {each['sandbox']:5.2f} s per submission, one at a time")
     print(f"  {jobs} at a time:             {each['at once']:5.2f} s per submission (each took "
           f"{statistics.median(o.seconds for o in runs['at once']):.2f} s, median)")
+    print(f"the notebook in a kernel:   {each['kernel']:5.2f} s per submission, one at a "
+          f"time, in the sandbox (the grader before the judge: its verdicts came from the "
+          f"student's own process)")
+    print(f"judge / kernel:             {each['sandbox'] / each['kernel']:.2f} (goal: at most "
+          f"1.25)")
     print(f"4 engines, no sandbox:      {each['no sandbox']:5.2f} s")
     print(f"threads instead of engines: {each['threads']:5.2f} s (no sandbox)")
     print(f"sandbox / no sandbox:       {each['sandbox'] / each['no sandbox']:.2f}")

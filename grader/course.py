@@ -44,6 +44,7 @@ class Course:
     db_url: str | None = None
     cell_timeout: int = CELL_TIMEOUT
     sandbox: bool = True
+    judged: bool = True  # False: the notebook's own run gives the verdicts (benchmarks only)
     limits: Limits = Limits()
     course_id: str = "lib_dist"
     _api: NbGraderAPI | None = field(default=None, repr=False)
@@ -104,6 +105,7 @@ class Course:
         c.Execute.timeout = self.cell_timeout
         c.Execute.extra_arguments = ["--HistoryManager.hist_file=:memory:", "--log-level=ERROR"]
         c.GradedExecute.sandbox = self.sandbox
+        c.GradedExecute.judged = self.judged
         c.SandboxedKernelManager.hidden = sorted({str(self.root), str(REPO)})
         for name, value in asdict(self.limits).items():
             setattr(c.SandboxedKernelManager, name, value)

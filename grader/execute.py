@@ -55,11 +55,16 @@ class GradedExecute(Execute):
                                "the released notebook's order").tag(config=True)
     editions = Unicode("", help="where the judged editions of lib_dist are built "
                                 "(grader.edition)").tag(config=True)
+    judged = Bool(True, help="grade the labs lib_dist declares with the judge; False runs the "
+                             "notebook in a kernel, as before the judge existed (for "
+                             "benchmarks/grading_throughput.py's comparison only: its "
+                             "verdicts come from the student's own process)").tag(config=True)
     _stopped_at: int | None = None
     _stop_reason: str = ""
     _stretch: str = ""
     _where: str = ""
     _log: IO[bytes] | None = None
+    _lab: str = ""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -73,8 +78,9 @@ class GradedExecute(Execute):
     def preprocess(self, nb, resources=None, km=None):
         self._stopped_at, self._stop_reason = None, ""
         lab = (resources or {}).get("nbgrader", {}).get("notebook")
+        self._lab = lab if lab in LABS else ""
         with _kernel_log(resources) as self._log:
-            if lab in LABS and (resources or {}).get("nbgrader", {}).get("db_url"):
+            if self.judged and lab in LABS and (resources or {}).get("nbgrader", {}).get("db_url"):
                 return self._judged(nb, resources, lab), resources
             return super().preprocess(nb, resources, km)
 
@@ -99,6 +105,12 @@ class GradedExecute(Execute):
                 else "")
         finally:
             sandbox.release()
+
+    def create_kernel_manager(self):
+        """nbclient's, knowing the lab: its engines start in standby beside the kernel."""
+        km = super().create_kernel_manager()
+        km.lab = self._lab
+        return km
 
     def start_new_kernel(self, **kwargs):
         """The kernel's (and its engines') own stderr goes to instructor/logs/, not to the

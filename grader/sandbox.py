@@ -64,11 +64,13 @@ def unavailable() -> str | None:
 
 
 class StandbyKernelManager(AsyncKernelManager):
-    """A kernel started beside the standbys of its cluster (`_with_engines_started`): what
-    grading without the sandbox uses."""
+    """A kernel started beside the standbys of its lab's cluster (`_with_engines_started`):
+    what grading without the sandbox uses."""
+
+    lab = Unicode("", help="the lab whose notebook the kernel runs")
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
-        await super()._async_launch_kernel(_with_engines_started(kernel_cmd, None), **kw)
+        await super()._async_launch_kernel(_with_engines_started(kernel_cmd, self.lab), **kw)
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -81,6 +83,7 @@ class SandboxedKernelManager(AsyncKernelManager):
     file_size_mb = Int(Limits.file_size_mb).tag(config=True)
     edition = Unicode("", help="a folder holding the lib_dist to mount in lib_dist's place "
                                "(grader.edition)").tag(config=True)
+    lab = Unicode("", help="the lab whose notebook the kernel runs")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -96,7 +99,7 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
         argv, kw["env"] = self.sandboxed(kernel_cmd, Path(kw.get("cwd") or os.getcwd()),
-                                         kw.get("env") or dict(os.environ))
+                                         kw.get("env") or dict(os.environ), self.lab or None)
         # A signal would reach bwrap, not the kernel in its own session: ask by message.
         if self.kernel_spec is not None:
             self.kernel_spec.interrupt_mode = "message"
