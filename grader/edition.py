@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import lib_dist
@@ -32,6 +33,7 @@ from lib_dist.extend import LABS
 from lib_dist.integrity.stubs import resolve
 
 SOURCE = Path(lib_dist.__file__).resolve().parent
+Function = ast.FunctionDef | ast.AsyncFunctionDef
 MARKER = Path("integrity") / "edition.py"
 
 
@@ -65,9 +67,9 @@ def _build(target: Path, lab: str) -> None:
     compileall.compile_dir(target, quiet=2)
 
 
-def _references_by_file(lab: str) -> dict[str, dict[int, str]]:
-    """source file -> {first line of the definition: dotted name} of each reference of `lab`."""
-    found: dict[str, dict[int, str]] = {}
+def _references_by_file(lab: str) -> dict[str, dict[str, str]]:
+    """source file -> {qualified name of the definition: dotted name} of each reference."""
+    found: dict[str, dict[str, str]] = {}
     for reference in LABS[lab].references:
         function = resolve(reference)
         while not _inside_lib_dist(function.__code__) and hasattr(function, "__wrapped__"):
@@ -75,7 +77,7 @@ def _references_by_file(lab: str) -> dict[str, dict[int, str]]:
         code = function.__code__
         if not _inside_lib_dist(code):
             raise ValueError(f"{reference} is defined in {code.co_filename}, outside lib_dist")
-        found.setdefault(code.co_filename, {})[code.co_firstlineno] = reference.replace(":", ".")
+        found.setdefault(code.co_filename, {})[function.__qualname__] = reference.replace(":", ".")
     return found
 
 
@@ -83,21 +85,32 @@ def _inside_lib_dist(code: types.CodeType) -> bool:
     return Path(code.co_filename).resolve().is_relative_to(SOURCE)
 
 
-def stubbed(source: str, lines: dict[int, str], lab: str) -> str:
-    """`source` with the body of each function defined at one of `lines` (its `def` or first
-    decorator) replaced by a raise of AskedToWrite."""
+def stubbed(source: str, names: dict[str, str], lab: str) -> str:
+    """`source` with the body of each function whose qualified name is in `names` replaced by
+    a raise of AskedToWrite."""
     tree = ast.parse(source)
     done = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            if first in lines:
-                node.body = _raising(lines[first], lab)
-                done.add(first)
-    if missing := set(lines) - done:
-        raise ValueError(f"no definition at line(s) {sorted(missing)} for "
-                         f"{[lines[m] for m in sorted(missing)]}")
+    for qualname, node in _definitions(tree.body, ""):
+        if qualname in names:
+            node.body = _raising(names[qualname], lab)
+            done.add(qualname)
+    if missing := set(names) - done:
+        raise ValueError(f"no definition of {sorted(missing)} in the source")
     return ast.unparse(tree) + "\n"
+
+
+def _definitions(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, Function]]:
+    """(qualified name, node) of every function defined in `body`, at any depth, named as
+    Python's `__qualname__` names them."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            qualname = prefix + node.name
+            if not isinstance(node, ast.ClassDef):
+                yield qualname, node
+            inner = qualname + ("." if isinstance(node, ast.ClassDef) else ".<locals>.")
+            yield from _definitions(node.body, inner)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):  # `if TYPE_CHECKING:` and the like
+            yield from _definitions([*node.body, *getattr(node, "orelse", [])], prefix)
 
 
 def _raising(dotted: str, lab: str) -> list[ast.stmt]:
