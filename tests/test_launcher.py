@@ -168,6 +168,28 @@ def test_a_hang_ends_at_the_timeout_naming_the_ranks(tmp_path):
     assert "rank 0: waiting in barrier" in out.stderr
 
 
+def test_a_module_runs_with_horovodruns_environment(tmp_path):
+    (tmp_path / "whoami.py").write_text(
+        "import os, sys\n"
+        "env = {k[8:]: v for k, v in os.environ.items() if k.startswith('HOROVOD_')}\n"
+        "print(__name__, sys.argv[1:], *(f'{k}={env[k]}' for k in sorted(env)))\n")
+    # `-m whoami` runs the module from the working directory; what follows it is its own
+    out = subprocess.run([sys.executable, "-m", "lib_dist.run", "-np", "2", "-m", "whoami",
+                          "-m", "x"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    for r in range(2):
+        line = re.search(rf"^\[{r}\] (.*)$", out.stdout, re.M)
+        assert line is not None, out.stdout
+        fields = line.group(1).split(" ")
+        assert fields[:3] == ["__main__", "['-m',", "'x']"]
+        env = dict(f.split("=", 1) for f in fields[3:])
+        assert env == dict(RANK=str(r), SIZE="2", LOCAL_RANK=str(r), LOCAL_SIZE="2",
+                           CROSS_RANK="0", CROSS_SIZE="1", HOSTNAME=env["HOSTNAME"],
+                           CONTROLLER="gloo", CPU_OPERATIONS="gloo")
+    assert "HOROVOD_RANK" not in os.environ
+
+
 def test_usage_and_a_missing_script(capsys):
     with pytest.raises(SystemExit) as info:
         main(["-h"])
@@ -179,6 +201,8 @@ def test_usage_and_a_missing_script(capsys):
     assert main(["-np", "2", "no_such_script.py"]) == 2
     err = capsys.readouterr().err
     assert err == "lib_dist.run: error: no such script: no_such_script.py\n"
+    assert main(["-np", "2"]) == 2
+    assert "give a script to run (or -m MODULE)" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
         main(["train.py"])  # -np missing
     assert info.value.code == 2
