@@ -52,6 +52,9 @@ def judged_edition(folder: Path, lab: str) -> Path:
         os.rename(scratch, home)  # atomic: graders working at once each build, one wins
     except OSError:
         shutil.rmtree(scratch, ignore_errors=True)
+    for stale in home.parent.glob(f"{lab}-*"):  # built from an older lib_dist
+        if stale != home and not stale.name.startswith("."):
+            shutil.rmtree(stale, ignore_errors=True)
     return home
 
 
