@@ -6,7 +6,9 @@ all started at the end keep the values and the bucket count and fail the overlap
 that still sends keeps the values and fails Q5; zeros instead of None for a parameter no rank
 used fail Q6 alone, and so does the converse, buckets without flags that take an average of
 exactly zero for "unused" (None for a used parameter: AdamW skips its decay); a sampler with the
-right shards in another order keeps the shard point.
+right shards in another order keeps the shard point. A DataParallel that communicates nothing
+and passes the visible values by finding the seed of the whole batch its shard came from fails
+the hidden checks, whose seeds are drawn at grading.
 
 They run the lab's own test helpers, loaded from solutions/ with `definitions`, on the
 instructor's solution and on variants of it; the 4-rank cluster test runs on simulated ranks
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 
 import nbformat
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lab_solutions import REPO, solution
 
@@ -49,7 +53,7 @@ class ThreadCluster:
 def lab_checks():
     """The lab's check functions, and its cluster checks running on simulated ranks."""
     c = solution(LAB, *CHECKS, "train_sharded", "sharded_oracle", "train_naive", "naive_oracle",
-                 "adamw")
+                 "adamw", "fresh_seed")
     namespace = c.check_equal.__globals__
     nb = nbformat.read(REPO / "solutions" / LAB / f"{LAB}.ipynb", as_version=4)
     for cell in nb.cells:
@@ -285,3 +289,44 @@ def test_a_sampler_that_ignores_the_epoch_fails_both():
         ns["check_sampler"](12, 4)
     with pytest.raises(AssertionError, match="epochs 0 and 1 give the same order"):
         ns["check_shards"](12, 4)
+
+
+def seed_searching(ns, seeds=64):
+    """A DataParallel that averages nothing: in forward it looks for the whole batch its shard
+    came from among chain_batches' first `seeds` seeds (the visible checks use 11 to 14), and
+    gives each parameter that batch's gradient, computed alone; where none matches, its own."""
+    def make(base):
+        class DataParallel(base):
+            def forward(self, x):
+                self.found, world = None, self.comm.world_size
+                for seed in range(seeds):
+                    for whole in ns["chain_batches"](4, world, len(x), seed):
+                        if torch.equal(ns["shard"](whole, self.comm.rank, world)[0], x):
+                            alone = copy.deepcopy(self.module)
+                            loss = F.cross_entropy(alone(whole[0]), whole[1])
+                            self.found = torch.autograd.grad(loss, list(alone.parameters()))
+                return self.module(x)
+
+            def grad_ready(self, p):
+                pass
+
+            def finish(self):
+                if self.sync and self.found is not None:
+                    for p, grad in zip(self.module.parameters(), self.found):
+                        p.grad = grad.clone()
+        return DataParallel
+    return make
+
+
+def test_finding_the_visible_batches_seed_passes_them_and_fails_the_hidden_checks():
+    _, ns = lab_checks()
+    ns["DataParallel"] = seed_searching(ns)(ns["DataParallel"])
+    ns["check_equal"](1, 576)
+    ns["check_equal"](2, 576)
+    ns["check_equal"](3, 576)  # seed 13, a fixed hidden seed of old: found too
+    while (seed := ns["fresh_seed"]()) < 64:
+        pass
+    with pytest.raises(AssertionError, match=f"batches of seed {seed} on 3 simulated ranks, "
+                                             f"rank 0, the last step's gradients: .* differs "
+                                             f"from one process"):
+        ns["check_equal"](3, 576, seed=seed)
