@@ -190,7 +190,8 @@ def test_a_one_sided_gossip_step_is_not_the_mixing_matrix():
         with pytest.raises(AssertionError, match=f"gossip_step on {n} ranks: the ranks' tensors "
                                                  "after step 1 differs from the expected one"):
             ns["check_gossip"](n)
-    with pytest.raises(AssertionError, match="gossip_step on 6 ranks: the ranks' tensors"):
+    with pytest.raises(AssertionError, match="gossip_step on 6 ranks, 60 steps, seed 2: the ranks' "
+                                             "tensors"):
         ns["check_gossip_rate"](6, 60)
     ns["check_sync"](1, 3)
     ns["check_local_sgd"](3, 4, 1)
