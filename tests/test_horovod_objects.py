@@ -43,11 +43,18 @@ def objects_and_models(comm):
     hvd.broadcast_parameters([other.bias], root_rank=0)  # plain tensors
     out["other"] = (other.weight.detach().clone(), other.bias.detach().clone())
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1))
+    before = [p.detach().clone() for p in model.parameters()]
     if r != 0:  # state on these ranks only; rank 0 has not stepped
         model(torch.randn(5, 3)).sum().backward()
         optimizer.step()
+        before = [p.detach().clone() for p in model.parameters()]
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    out["empty"] = (len(optimizer.state), optimizer.param_groups[0]["lr"])
+    # rank 0 stepped once on zero gradients (Horovod's way to make the state), which Adam's
+    # update of 0 / (sqrt(0) + eps) leaves the parameters alone
+    out["first"] = ({k: v["step"].item() for k, v in optimizer.state.items()},
+                    optimizer.param_groups[0]["lr"],
+                    all(torch.equal(p, b) for p, b in zip(model.parameters(), before)),
+                    [float(v["exp_avg"].abs().sum()) for v in optimizer.state.values()])
     for _ in range(r + 1):  # now different states everywhere
         model(torch.randn(5, 3)).sum().backward()
         optimizer.step()
@@ -69,12 +76,15 @@ def test_objects_parameters_and_optimizer_state(cluster):
             assert torch.equal(value, results[1]["state"][name]), name
         assert got["other"][0].eq(3.0).all()
         assert torch.equal(got["other"][1], results[0]["other"][1])
-        assert got["empty"] == (0, 0.01)  # rank 0's: no state, its learning rate
+        steps, lr, unchanged, moments = got["first"]
+        assert steps == {p: 1.0 for p in steps} and len(steps) == 4 and lr == 0.01
+        assert moments == [0.0] * 4  # rank 0's state, from its step on zero gradients
+        assert unchanged or r != 0
         state = got["optimizer"]["state"]
         root = results[2]["optimizer"]["state"]
         assert state.keys() == root.keys() and len(state) == 4
         for index, slots in state.items():
-            assert slots["step"].item() == 3.0  # rank 2 stepped three times
+            assert slots["step"].item() == 4.0  # rank 2 stepped three times after the first
             for key in ("exp_avg", "exp_avg_sq"):
                 assert torch.equal(slots[key], root[index][key])
         assert "dict (model.state_dict()) or a list" in got["bad"]
@@ -107,9 +117,11 @@ def gradients(comm):
 def test_collectives_are_differentiable(cluster):
     weights = torch.arange(20.0).reshape(10, 2)
     for r, got in enumerate(cluster.run(gradients)):
-        # every rank's loss reaches every rank's input
+        # Horovod's rules: allreduce's gradient is all-reduced the same way; allgather's and
+        # broadcast's are averaged over the ranks (broadcast's kept on the root only)
         assert got["sum"].tolist() == [4.0, 8.0]
         assert got["average"].tolist() == [1.0, 1.0]  # 4 ranks x 1/4
         first = r * (r + 1) // 2
-        assert torch.equal(got["gather"], N * weights[first: first + r + 1])
-        assert got["broadcast"].tolist() == ([10.0] * 3 if r == 1 else [0.0] * 3)
+        assert torch.equal(got["gather"], weights[first: first + r + 1])  # 4 ranks' / 4
+        # (1 + 2 + 3 + 4) / 4 on the root
+        assert got["broadcast"].tolist() == ([2.5] * 3 if r == 1 else [0.0] * 3)

@@ -10,7 +10,9 @@ this one among them). A rank owns a `Communicator` with:
   call `handle.wait()` before touching the tensor again. `recv` and `irecv` write into the
   preallocated `buffer`, whose shape and dtype must match the sent tensor;
 - `barrier()`: returns once every rank has called it;
-- collectives `broadcast`, `all_reduce`, `all_gather`, `reduce_scatter`: correct defaults
+- collectives `broadcast`, `all_reduce`, `all_gather`, `reduce_scatter`, `all_to_all`
+  (rank r's `inputs[d]` lands in rank d's `outputs[r]`: the exchange behind mixtures of
+  experts and Horovod's alltoall): correct defaults
   built here from point-to-point messages; a backend may replace them with native ones (the
   torch backend uses torch.distributed's). Labs replace them with the students' own;
 - `all_reduce_async(tensor, op)`: the all-reduce on a thread of the rank's, returning a
@@ -162,6 +164,38 @@ class Communicator(ABC):
             handles += [self.irecv(out[src], src) for src in self._others()]
             wait_all(handles)
         return out
+
+    def all_to_all(self, inputs: list[torch.Tensor],
+                   outputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Send `inputs[d]` to rank d and receive rank s's `inputs[self.rank]` into
+        `outputs[s]`, for every rank; returns `outputs`. Every tensor has one dtype; shapes
+        may differ, so `outputs` (preallocated, one per rank) says what arrives, by default
+        tensors shaped like `inputs` (every rank sends every peer the same shape)."""
+        inputs, outputs = self._check_all_to_all(inputs, outputs)
+        outputs[self.rank].copy_(inputs[self.rank])
+        with self._traced("all_to_all", nbytes=sum(t.nbytes for t in inputs)):
+            handles = [self.isend(inputs[dst], dst) for dst in self._others()]
+            handles += [self.irecv(outputs[src], src) for src in self._others()]
+            wait_all(handles)
+        return outputs
+
+    def _check_all_to_all(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None
+                          ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        if len(inputs) != self.world_size or (outputs is not None
+                                              and len(outputs) != self.world_size):
+            raise CommError(f"rank {self.rank}: all_to_all needs one input (and one output) "
+                            f"per rank, {self.world_size}; got {len(inputs)}"
+                            f"{'' if outputs is None else f' and {len(outputs)}'}")
+        inputs = [t.contiguous() for t in inputs]
+        if outputs is None:
+            outputs = [torch.empty_like(t) for t in inputs]
+        dtypes = {t.dtype for t in [*inputs, *outputs]}
+        if len(dtypes) > 1:
+            raise CommError(f"rank {self.rank}: all_to_all moves one dtype, got "
+                            f"{', '.join(sorted(map(str, dtypes)))}")
+        for t in outputs:
+            self._check_tensor(t, "all_to_all")
+        return inputs, outputs
 
     def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
         """This rank's chunk (see `chunk_bounds`) of the reduction of the flattened tensor."""

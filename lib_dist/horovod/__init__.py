@@ -12,15 +12,18 @@ communicator (gloo on CPU, NCCL on GPUs, lib_dist's tuned all-reduce), which mak
 end to end:
 
 - `basics`: `init`, `shutdown`, `size`, `rank`, local and cross ranks, what is built;
-- `ops`, `gather`: allreduce, allgather, broadcast (in place `_`, asynchronous `_async` with int
-  handles, `synchronize`, `poll`), `barrier`, `join`; `autograd`: their out-of-place forms,
+- `ops`, `gather`, `scatter`: allreduce, allgather, broadcast, alltoall, reducescatter (in
+  place `_`, asynchronous `_async` with int handles, `synchronize`, `poll`), `barrier`,
+  `join` (uneven batches); `grouped`: their grouped forms; `autograd`: the out-of-place forms,
   differentiable;
 - `objects`: `broadcast_object`, `allgather_object`, `broadcast_parameters`,
   `broadcast_optimizer_state`;
 - `optimizer`: `DistributedOptimizer`, its Tensor Fusion (`HOROVOD_FUSION_THRESHOLD`);
 - `compression`: `Compression.none`, `Compression.fp16`;
 - `timeline`: `HOROVOD_TIMELINE=path` writes a Chrome trace;
-- `queue`: the order of asynchronous operations; `wire`: moving bytes and ragged tensors;
+- `queue`, `negotiate`: every operation negotiated by name and checked on every rank (a
+  mismatch is a `HorovodInternalError` naming the ranks and what differed); `settings`: what
+  `init` reads from the environment; `wire`: moving bytes and ragged tensors;
 - `unsupported`: what Horovod has and this does not (each raises, naming itself).
 """
 
@@ -30,7 +33,7 @@ from .basics import (
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
     stop_timeline,
 )
-from .autograd import allgather, allreduce, broadcast
+from .autograd import allgather, allreduce, alltoall, broadcast, reducescatter
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from .objects import (
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
@@ -42,17 +45,22 @@ from .ops import (
     Adasum, Average, Max, Min, Product, Sum, allreduce_, allreduce_async, allreduce_async_, poll,
     synchronize,
 )
-from .optimizer import DistributedOptimizer
-from .unsupported import (
-    ProcessSet, SyncBatchNorm, add_process_set, alltoall, alltoall_async, global_process_set,
+from .grouped import (
     grouped_allgather, grouped_allgather_async, grouped_allreduce, grouped_allreduce_,
     grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter,
-    grouped_reducescatter_async, reducescatter, reducescatter_async, remove_process_set,
+    grouped_reducescatter_async,
+)
+from .negotiate import HorovodInternalError
+from .optimizer import DistributedOptimizer
+from .scatter import alltoall_async, reducescatter_async
+from .unsupported import (
+    ProcessSet, SyncBatchNorm, add_process_set, global_process_set, remove_process_set,
     sparse_allreduce_async,
 )
 
 __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "FP16Compressor",
+    "HorovodInternalError",
     "Max", "Min", "NoneCompressor", "ProcessSet", "Product", "ReduceOp", "Sum", "SyncBatchNorm",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",

@@ -19,18 +19,20 @@ import os
 import pickle
 import socket
 import sys
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..comm import Communicator, SimulatedWorld
+from ..comm import Communicator, SimulatedCommunicator, SimulatedWorld
 from . import timeline, wire
 from .queue import Queue
+from .settings import _checks, _fusion_threshold, _stall_after
 
-DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024  # bytes, Horovod's default
+from .settings import DEFAULT_FUSION_THRESHOLD  # noqa: F401 - where it was
 
 
 class ReduceOp(enum.IntEnum):
@@ -57,16 +59,19 @@ class State:
     queue: Queue
     fusion_threshold: int
     timeline: timeline.Timeline | None = None
-    names: int = 0  # operations named so far (`allreduce.noname.<n>`)
+    names: dict[str, int] = field(default_factory=dict)  # unnamed operations so far, by kind
 
     def auto_name(self, kind: str, name: str | None) -> str:
+        """`name`, or the next `<kind>.noname.<n>`: counted by kind, so ranks that start the
+        same operations of a kind name them alike whatever else each does."""
         if name:
             return name
-        self.names += 1
-        return f"{kind}.noname.{self.names}"
+        self.names[kind] = self.names.get(kind, 0) + 1
+        return f"{kind}.noname.{self.names[kind]}"
 
 
 _state: State | None = None
+_thread = threading.local()  # the state of a simulated rank (a thread), see `_current`
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -76,60 +81,80 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         `lib_dist.comm.Communicator`. Horovod's MPI communicators are not supported.
     process_sets: only None (every operation runs on all ranks).
     Reads `HOROVOD_FUSION_THRESHOLD` (bytes, Tensor Fusion of `DistributedOptimizer`'s
-    gradients; 0 turns it off) and `HOROVOD_TIMELINE` (a path: see `timeline`).
+    gradients; 0 turns it off), `HOROVOD_TIMELINE` (a path: see `timeline`),
+    `HOROVOD_STALL_SHUTDOWN_TIME_SECONDS` (how long operations some rank never started may
+    wait before they fail; default the communicator's timeout) and `LIB_DIST_HVD_CHECKS`
+    (0: no negotiation, see `queue`).
     """
-    global _state
     if process_sets not in (None, [], ()):
         raise NotImplementedError("lib_dist.horovod does not support process sets; every "
                                   "operation runs on all ranks (init(process_sets=None))")
     if comm is not None and not isinstance(comm, Communicator):
         raise NotImplementedError(f"lib_dist.horovod.init takes a lib_dist Communicator, not "
                                   f"{type(comm).__name__} (MPI communicators are not supported)")
-    comm = comm or _engine_comm() or (_state.comm if _state and _state.comm.world_size == 1
+    current = _current()
+    comm = comm or _engine_comm() or (current.comm if current and current.comm.world_size == 1
                                       else SimulatedWorld(1).communicators()[0])
-    if _state is not None and _state.comm is comm:
+    if current is not None and current.comm is comm:
         return
-    if _state is not None:
-        _state.queue.drain()
+    if current is not None:
+        current.queue.drain()
     hosts = ([socket.gethostname()] if comm.world_size == 1 else
              [b.decode() for b in wire.all_gather_bytes(comm, socket.gethostname().encode())])
     local = [r for r, h in enumerate(hosts) if h == hosts[comm.rank]]
     local_rank = local.index(comm.rank)
     cross = [r for r in range(len(hosts)) if _local_rank(hosts, r) == local_rank]
     per_host = [hosts.count(h) for h in dict.fromkeys(hosts)]
-    _state = State(comm, local_rank, len(local), cross.index(comm.rank), len(cross),
-                   homogeneous=len(set(per_host)) == 1, queue=Queue(comm.device),
-                   fusion_threshold=_fusion_threshold())
+    new = State(comm, local_rank, len(local), cross.index(comm.rank), len(cross),
+                homogeneous=len(set(per_host)) == 1,
+                queue=Queue(comm, check=_checks(), stall_after=_stall_after(comm)),
+                fusion_threshold=_fusion_threshold())
     path = os.environ.get("HOROVOD_TIMELINE", "")
     if path and path.upper() != "DYNAMIC":
-        _state.timeline = timeline.Timeline(path, comm.rank)
+        new.timeline = timeline.Timeline(path, comm.rank)
+    _set(new, threaded=isinstance(comm, SimulatedCommunicator) and comm.world_size > 1)
     _register_exit()
 
 
 def shutdown() -> None:
     """Wait for every started operation, write the timeline (if one is being recorded: a
     collective, so call it on every rank) and forget the ranks; `init` may be called again."""
-    global _state
-    if _state is None:
+    current = _current()
+    if current is None:
         return
     try:
-        _state.queue.drain()
-        if _state.timeline is not None:
+        current.queue.drain()
+        if current.timeline is not None:
             stop_timeline()
     finally:
-        _state = None
+        _set(None, threaded=getattr(_thread, "state", None) is not None)
 
 
 def is_initialized() -> bool:
-    return _state is not None
+    return _current() is not None
+
+
+def _current() -> State | None:
+    """This rank's state: the thread's, for a rank of a SimulatedWorld (every rank a thread of
+    this process), else the process's."""
+    return getattr(_thread, "state", None) or _state
+
+
+def _set(new: State | None, threaded: bool) -> None:
+    global _state
+    if threaded:
+        _thread.state = new
+    else:
+        _state = new
 
 
 def state() -> State:
     """This process's state; a ValueError, as in Horovod, before `init()`."""
-    if _state is None:
+    current = _current()
+    if current is None:
         raise ValueError("lib_dist.horovod is not initialized: call hvd.init() first "
                          "(import lib_dist.horovod as hvd; hvd.init())")
-    return _state
+    return current
 
 
 def size() -> int:
@@ -249,20 +274,6 @@ def _engine_comm() -> Communicator | None:
 
 def _local_rank(hosts: list[str], rank: int) -> int:
     return hosts[:rank].count(hosts[rank])
-
-
-def _fusion_threshold() -> int:
-    text = os.environ.get("HOROVOD_FUSION_THRESHOLD", "")
-    if not text:
-        return DEFAULT_FUSION_THRESHOLD
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"HOROVOD_FUSION_THRESHOLD must be a number of bytes (0 turns Tensor "
-                         f"Fusion off), got {text!r}")
-    return value
 
 
 _exit_registered = False

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from . import basics, wire
-from .ops import _check_tensor, check_root, start
+from . import basics, negotiate, wire
+from .ops import _check_tensor, check_root, on_the_wire, start
 from .unsupported import check_process_set
 
 
@@ -24,10 +24,17 @@ def _allgather(tensor: torch.Tensor, name: str | None, process_set: Any, blockin
     _check_tensor(tensor, "allgather")
     name = s.auto_name("allgather", name)
     rows = tensor.detach().contiguous()
-    out: list[torch.Tensor] = []
-    return start(s, "ALLGATHER", name, rows.nbytes,
-                 lambda: out.append(wire.all_gather_rows(s.comm, rows, f"allgather {name}")),
-                 lambda: out[0], blocking)
+    rows = rows.reshape(1) if rows.dim() == 0 else rows
+    sig = negotiate.signature(rows)
+    sig["shape"] = ("*", *sig["shape"][1:])  # the first dimension may differ between ranks
+
+    def run(infos: list[Any]) -> torch.Tensor:
+        if not s.queue.check:  # the counts were not negotiated: gather them here
+            return wire.all_gather_rows(s.comm, rows, f"allgather {name}")
+        return wire.gather_rows(s.comm, rows, infos)
+
+    return start(s, "ALLGATHER", name, sig, rows.nbytes, run, lambda out: out, blocking,
+                 info=rows.shape[0])
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
@@ -51,16 +58,18 @@ def _broadcast(tensor: torch.Tensor, root_rank: int, in_place: bool, name: str |
     else:
         work = tensor.detach().clone(memory_format=torch.contiguous_format)
 
-    def finish() -> torch.Tensor:
+    def finish(_: Any) -> torch.Tensor:
         if in_place and work.data_ptr() != tensor.data_ptr():
             tensor.detach().copy_(work)
         return tensor if in_place else work
 
-    def run() -> None:
+    def run(_: list[Any]) -> None:
         if s.comm.world_size > 1:
-            s.comm.broadcast(work, root_rank)
+            with on_the_wire(work) as sent:
+                s.comm.broadcast(sent, root_rank)
 
-    return start(s, "BROADCAST", name, work.nbytes, run, finish, blocking)
+    return start(s, "BROADCAST", name, negotiate.signature(work, root=root_rank), work.nbytes,
+                 run, finish, blocking)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -85,26 +94,34 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 
 
 def barrier(process_set: Any = None) -> None:
-    """Return once every rank has called `barrier` (and everything started before is done)."""
+    """Return once every rank has called `barrier`; what every rank started before it has
+    run by then (an operation only some ranks have started still waits for the others)."""
     s = basics.state()
     check_process_set(process_set, "barrier")
-    start(s, "BARRIER", "", 0, s.comm.barrier, lambda: None, True)
+    start(s, "BARRIER", s.auto_name("barrier", None), {}, 0, lambda _: s.comm.barrier(),
+          lambda _: None, True)
 
 
 def join(device: int = -1) -> int:
-    """Wait until every rank has called `join`; return the rank that called it last.
+    """Wait until every rank has called `join`; return the rank that called it last (the
+    same on every rank).
 
-    Horovod's join also lets ranks that have run out of data stop early while the others go
-    on all-reducing (the joined ones contribute zeros). lib_dist.horovod does not: a rank in
-    `join` takes part in no other collective, so every rank must reach `join` after the same
-    operations (give every rank the same number of batches, e.g. with DistributedSampler's
-    padding or `drop_last`). `device` is accepted for compatibility and not used.
+    Until then, this rank takes part in every allreduce the others run, with zeros (so an
+    average divides by every rank): ranks that run out of data early call `join` and the
+    others go on (uneven batches). An allgather, broadcast or other operation that the ranks
+    still running start while a rank has joined fails on those ranks (HorovodInternalError).
+    `device` is accepted for compatibility and not used. With `LIB_DIST_HVD_CHECKS=0` there is
+    no negotiation: every rank must reach `join` after the same operations.
     """
     s = basics.state()
-    arrived = time.time()
-    s.queue.drain()
     if s.comm.world_size == 1:
+        s.queue.drain()
         return 0
-    times = [struct.unpack("d", b)[0]
-             for b in wire.all_gather_bytes(s.comm, struct.pack("d", arrived))]
-    return max(range(len(times)), key=lambda r: (times[r], r))
+    if not s.queue.check:
+        arrived = time.time()
+        s.queue.drain()
+        times = [struct.unpack("d", b)[0]
+                 for b in wire.all_gather_bytes(s.comm, struct.pack("d", arrived))]
+        return max(range(len(times)), key=lambda r: (times[r], r))
+    last: int = start(s, "JOIN", "join", {}, 0, lambda _: None, lambda r: r, True)
+    return last

@@ -16,8 +16,8 @@ from typing import Any
 import cloudpickle
 import torch
 
-from . import basics, wire
-from .ops import check_root, start
+from . import basics, negotiate, wire
+from .ops import check_root, on_the_wire, start
 from .unsupported import check_process_set
 
 
@@ -30,10 +30,10 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     if s.comm.world_size == 1:
         return obj
     data = cloudpickle.dumps(obj) if s.comm.rank == root_rank else None
-    got: list[bytes] = []
-    start(s, "BROADCAST", s.auto_name("broadcast_object", name), len(data or b""),
-          lambda: got.append(wire.broadcast_bytes(s.comm, data, root_rank)), lambda: None, True)
-    return obj if s.comm.rank == root_rank else pickle.loads(got[0])
+    got: bytes = start(s, "BROADCAST", s.auto_name("broadcast_object", name),
+                       dict(root=root_rank), len(data or b""),
+                       lambda _: wire.broadcast_bytes(s.comm, data, root_rank), lambda b: b, True)
+    return obj if s.comm.rank == root_rank else pickle.loads(got)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
@@ -43,10 +43,10 @@ def allgather_object(obj: Any, name: str | None = None, process_set: Any = None)
     if s.comm.world_size == 1:
         return [obj]
     data = cloudpickle.dumps(obj)
-    got: list[list[bytes]] = []
-    start(s, "ALLGATHER", s.auto_name("allgather_object", name), len(data),
-          lambda: got.append(wire.all_gather_bytes(s.comm, data)), lambda: None, True)
-    return [obj if r == s.comm.rank else pickle.loads(b) for r, b in enumerate(got[0])]
+    got: list[bytes] = start(s, "ALLGATHER", s.auto_name("allgather_object", name), {},
+                             len(data), lambda _: wire.all_gather_bytes(s.comm, data),
+                             lambda b: b, True)
+    return [obj if r == s.comm.rank else pickle.loads(b) for r, b in enumerate(got)]
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
@@ -80,11 +80,19 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     The root's `state_dict()` travels in two parts: its structure and every number in it
     (learning rates, step counts) as one pickle, and its tensors (momentum buffers, Adam's
     moments) as fused broadcasts into tensors of the same shapes. An optimizer that has not
-    stepped yet has no state; the others then end with none either, as on the root.
+    stepped yet has no state: as Horovod does, it first takes one step on zero gradients
+    (every rank, so the state exists everywhere; a DistributedOptimizer steps without
+    all-reducing), and one still without state after that (plain SGD) has nothing to send.
     """
     s = basics.state()
     check_process_set(process_set, "broadcast_optimizer_state")
     check_root(root_rank, s.comm.world_size, "broadcast_optimizer_state")
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("broadcast_optimizer_state: torch.optim.LBFGS's state cannot be "
+                         "broadcast (its structure is nested with None values); broadcast "
+                         "optimizer.state_dict() with hvd.broadcast_object instead")
+    if not optimizer.state_dict()["state"]:
+        _initialize_state(optimizer)
     if s.comm.world_size == 1:
         return
     mine = optimizer.state_dict()
@@ -97,6 +105,22 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     broadcast_tensors(tensors, root_rank, "broadcast_optimizer_state")
     if s.comm.rank != root_rank:
         optimizer.load_state_dict(_rebuild(skeleton, iter(tensors)))
+
+
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """One step on zero gradients, which makes the optimizer's state (Horovod's way)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    skip = getattr(optimizer, "skip_synchronize", None)  # a DistributedOptimizer's
+    if skip is not None:
+        with skip():
+            optimizer.step()
+    else:
+        optimizer.step()
 
 
 def broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, what: str) -> None:
@@ -112,11 +136,12 @@ def broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, what: str) ->
         if flat.numel() == 0:
             continue
 
-        def run(flat: torch.Tensor = flat) -> None:
-            s.comm.broadcast(flat, root_rank)
+        def run(_: list[Any], flat: torch.Tensor = flat) -> None:
+            with on_the_wire(flat) as sent:
+                s.comm.broadcast(sent, root_rank)
 
-        start(s, "BROADCAST", f"{what} {str(dtype).replace('torch.', '')}", flat.nbytes, run,
-              lambda: None, True)
+        start(s, "BROADCAST", f"{what} {str(dtype).replace('torch.', '')}",
+              negotiate.signature(flat, root=root_rank), flat.nbytes, run, lambda _: None, True)
         offset = 0
         for t in group:
             t.copy_(flat[offset: offset + t.numel()].view_as(t))

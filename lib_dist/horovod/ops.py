@@ -16,12 +16,14 @@ integer tensor rounds down. `prescale_factor` multiplies before the reduction an
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
 
 from ..comm import Communicator
-from . import basics
+from . import basics, negotiate
 from .basics import ReduceOp, State
 from .compression import Compressor, NoneCompressor
 from .queue import now
@@ -50,48 +52,75 @@ def reduce_op(op: Any, average: bool | None = None) -> ReduceOp:
 
 def reduce_in_place(comm: Communicator, t: torch.Tensor, op: ReduceOp, prescale: float = 1.0,
                     postscale: float = 1.0) -> None:
-    """Reduce the contiguous `t` over all ranks, in place (what every allreduce runs)."""
+    """Reduce the contiguous `t` over all ranks, in place (what every allreduce runs).
+    Average of integers truncates towards zero, as Horovod's does."""
     floating = t.is_floating_point() or t.is_complex()
     if prescale != 1.0:
         t.mul_(prescale)
     if op in (Sum, Average):
         if comm.world_size > 1:
-            comm.all_reduce(t, "sum")
+            with on_the_wire(t) as sent:
+                comm.all_reduce(sent, "sum")
         if op == Average and floating:
             postscale = postscale / comm.world_size
         elif op == Average:
-            t.copy_(torch.div(t, comm.world_size, rounding_mode="floor"))
+            t.copy_(torch.div(t, comm.world_size, rounding_mode="trunc"))
     elif comm.world_size > 1:
-        stacked = torch.stack(comm.all_gather(t))
-        t.copy_(stacked.amin(0) if op == Min else stacked.amax(0) if op == Max
-                else stacked.prod(0))
+        with on_the_wire(t) as sent:
+            stacked = torch.stack(comm.all_gather(sent))
+            sent.copy_(stacked.amin(0) if op == Min else stacked.amax(0) if op == Max
+                       else stacked.prod(0))
     if postscale != 1.0:
         t.mul_(postscale)
 
 
+@contextmanager
+def on_the_wire(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """`t`, or a copy in a dtype every backend can move (gloo and NCCL have no int16: it
+    travels as int32), written back into `t` afterwards (narrowing wraps as int16 would)."""
+    if t.dtype != torch.int16:
+        yield t
+        return
+    wide = t.to(torch.int32)
+    yield wide
+    t.copy_(wide)
+
+
+def _joined_allreduce(comm: Communicator, sig: dict[str, Any]) -> None:
+    """A rank that has joined (hvd.join) takes part in an allreduce with zeros."""
+    reduce_in_place(comm, negotiate.zeros(sig, comm.device), ReduceOp(sig["op"]),
+                    sig["prescale"], sig["postscale"])
+
+
+negotiate.JOINABLE["ALLREDUCE"] = _joined_allreduce
+
+
 def timed(s: State, kind: str, name: str, nbytes: int,
-          run: Callable[[], Any]) -> Callable[[], None]:
+          run: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
     """`run`, noting in the timeline (if one is recorded) when it was asked for, when it
     began and when it ended."""
     queued = now()
 
-    def timed_run() -> None:
+    def timed_run(infos: list[Any]) -> Any:
         started = now()
-        run()
+        result = run(infos)
         if s.timeline is not None:
             s.timeline.record(kind, name, nbytes, queued, started, now())
+        return result
 
     return timed_run
 
 
-def start(s: State, kind: str, name: str, nbytes: int, run: Callable[[], Any],
-          finish: Callable[[], Any], blocking: bool) -> Any:
-    """Run `run()` as one operation: now (after everything started before; returns
-    `finish()`) when `blocking`, else in the background (returns an int handle)."""
+def start(s: State, kind: str, name: str, signature: dict[str, Any], nbytes: int,
+          run: Callable[[list[Any]], Any], finish: Callable[[Any], Any], blocking: bool,
+          info: Any = None) -> Any:
+    """Ask for one operation named `name` (see `queue`): `run(infos)` runs once every rank
+    has asked for it and they agree on `signature` (`infos`: every rank's `info`). Returns
+    `finish(run's result)` when `blocking`, else an int handle for `synchronize`."""
+    request = s.queue.request(kind, name, signature, timed(s, kind, name, nbytes, run), info)
     if blocking:
-        s.queue.blocking(timed(s, kind, name, nbytes, run))
-        return finish()
-    return s.queue.submit(timed(s, kind, name, nbytes, run), f"{kind.lower()} {name}", finish)
+        return finish(s.queue.wait(request))
+    return s.queue.submit(request, lambda: finish(request.result))
 
 
 # -- allreduce ---------------------------------------------------------------------------
@@ -126,9 +155,11 @@ def _allreduce(tensor: torch.Tensor, out: torch.Tensor | None, average: bool | N
             return tensor
         return result
 
-    return start(s, "ALLREDUCE", name, work.nbytes,
-                 lambda: reduce_in_place(s.comm, work, op, prescale_factor, postscale_factor),
-                 finish, blocking)
+    sig = negotiate.signature(work, op=int(op), prescale=float(prescale_factor),
+                              postscale=float(postscale_factor))
+    return start(s, "ALLREDUCE", name, sig, work.nbytes,
+                 lambda _: reduce_in_place(s.comm, work, op, prescale_factor, postscale_factor),
+                 lambda _: finish(), blocking)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -171,13 +202,18 @@ def poll(handle: int) -> bool:
 
 
 def check_root(root_rank: int, size: int, what: str) -> None:
+    """A root rank that is no rank fails here, on the rank that gave it (Horovod's
+    HorovodInternalError, a RuntimeError); one that differs between ranks fails in
+    negotiation, on every rank."""
     if not isinstance(root_rank, int) or not 0 <= root_rank < size:
-        raise ValueError(f"{what}: root_rank must be a rank, 0..{size - 1}; got {root_rank!r}")
+        raise negotiate.HorovodInternalError(
+            f"{what}: root_rank must be a rank, 0..{size - 1}; got {root_rank!r}")
 
 
 def _check_tensor(tensor: Any, what: str) -> None:
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what} needs a torch.Tensor, got {type(tensor).__name__}")
+        raise TypeError(f"{what} needs a torch.Tensor, got "
+                        f"{'None' if tensor is None else type(tensor).__name__}")
     if tensor.is_sparse:
         raise NotImplementedError(f"lib_dist.horovod does not support sparse tensors ({what}); "
                                   f"call .to_dense() first")

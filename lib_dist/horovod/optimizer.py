@@ -39,7 +39,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..comm import Handle, ReduceOp as CommOp
 from ..data_parallel import Buckets
-from . import basics
+from . import basics, negotiate
 from .basics import ReduceOp, State
 from .compression import Compressor, NoneCompressor
 from .ops import Average, Sum, reduce_op, timed
@@ -140,6 +140,7 @@ class _GradientSync:
                  compression: type[Compressor], passes: int, op: ReduceOp,
                  predivide: float, sparse_as_dense: bool):
         self.state, self.passes, self.sparse_as_dense = s, passes, sparse_as_dense
+        self.name = s.auto_name("DistributedOptimizer", None)
         self.should_synchronize = True
         self.synchronized = False
         self.pending = False  # a hook fired since the last synchronize
@@ -190,9 +191,13 @@ class _GradientSync:
         assert self.buckets is not None
         names = next((b.names for b in self.buckets.buckets if b.sent is sent), [])
         label = names[0] if len(names) == 1 else f"fused {len(names)} tensors: {', '.join(names)}"
+        k = next(i for i, b in enumerate(self.buckets.buckets) if b.sent is sent)
         run = timed(s, "ALLREDUCE", label[:200], sent.nbytes,
-                    lambda: s.comm.all_reduce(sent, op))
-        return s.queue.start(run, f"allreduce {label[:60]}")
+                    lambda _: s.comm.all_reduce(sent, op))
+        # on the wire a sum (an average divides after it): a rank that has joined adds zeros
+        sig = negotiate.signature(sent, op=int(Sum), prescale=1.0, postscale=1.0,
+                                  average=op == "avg")
+        return s.queue.start("ALLREDUCE", f"{self.name}.bucket.{k}", sig, run)
 
 
 def _hook(p: torch.Tensor, on_grad: Callable[[torch.Tensor], None]) -> None:

@@ -52,23 +52,6 @@ def _unsupported(name: str, hint: str) -> Callable[..., NoReturn]:
     return refuse
 
 
-_COLLECTIVE_HINT = ("use allgather or allreduce instead, or the rank's lib_dist communicator, "
-                    "lib_dist.cluster.engine.communicator() (comm in %%px cells)")
-_GROUPED_HINT = ("call allreduce / allgather once per tensor (DistributedOptimizer fuses "
-                 "gradients by itself, up to HOROVOD_FUSION_THRESHOLD bytes)")
-
-alltoall = _unsupported("alltoall", _COLLECTIVE_HINT)
-alltoall_async = _unsupported("alltoall_async", _COLLECTIVE_HINT)
-reducescatter = _unsupported("reducescatter", _COLLECTIVE_HINT)
-reducescatter_async = _unsupported("reducescatter_async", _COLLECTIVE_HINT)
-grouped_allreduce = _unsupported("grouped_allreduce", _GROUPED_HINT)
-grouped_allreduce_ = _unsupported("grouped_allreduce_", _GROUPED_HINT)
-grouped_allreduce_async = _unsupported("grouped_allreduce_async", _GROUPED_HINT)
-grouped_allreduce_async_ = _unsupported("grouped_allreduce_async_", _GROUPED_HINT)
-grouped_allgather = _unsupported("grouped_allgather", _GROUPED_HINT)
-grouped_allgather_async = _unsupported("grouped_allgather_async", _GROUPED_HINT)
-grouped_reducescatter = _unsupported("grouped_reducescatter", _GROUPED_HINT)
-grouped_reducescatter_async = _unsupported("grouped_reducescatter_async", _GROUPED_HINT)
 sparse_allreduce_async = _unsupported(
     "sparse_allreduce_async", "densify the gradient (DistributedOptimizer(sparse_as_dense=True))")
 ProcessSet = _unsupported("ProcessSet", "every operation runs on all ranks")
@@ -77,8 +60,5 @@ remove_process_set = _unsupported("remove_process_set", "every operation runs on
 SyncBatchNorm = _unsupported("SyncBatchNorm", "use torch.nn.SyncBatchNorm with a "
                              "torch.distributed group, or plain BatchNorm per rank")
 
-NAMES = ["alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-         "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-         "grouped_allreduce_async_", "grouped_allgather", "grouped_allgather_async",
-         "grouped_reducescatter", "grouped_reducescatter_async", "sparse_allreduce_async",
-         "ProcessSet", "add_process_set", "remove_process_set", "SyncBatchNorm"]
+NAMES = ["sparse_allreduce_async", "ProcessSet", "add_process_set", "remove_process_set",
+         "SyncBatchNorm"]

@@ -62,8 +62,22 @@ def all_gather_rows(comm: Communicator, tensor: torch.Tensor, what: str) -> torc
     padded = torch.zeros((max(longest, 1), *rows.shape[1:]), dtype=rows.dtype,
                          device=comm.device)
     padded[: rows.shape[0]] = rows
-    parts = comm.all_gather(padded)
-    return torch.cat([p[:n] for p, n in zip(parts, counts)]).to(tensor.device)
+    wide = padded.to(torch.int32) if padded.dtype == torch.int16 else padded
+    parts = comm.all_gather(wide)
+    return torch.cat([p[:n] for p, n in zip(parts, counts)]).to(rows.dtype).to(tensor.device)
+
+
+def gather_rows(comm: Communicator, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Every rank's `rows` concatenated in rank order, where `counts` (every rank's number of
+    rows, already agreed) and the other dimensions are known: one all-gather, padded."""
+    if comm.world_size == 1:
+        return rows.clone()
+    padded = torch.zeros((max(max(counts), 1), *rows.shape[1:]), dtype=rows.dtype,
+                         device=comm.device)
+    padded[: rows.shape[0]] = rows
+    wide = padded.to(torch.int32) if padded.dtype == torch.int16 else padded
+    parts = comm.all_gather(wide)
+    return torch.cat([p[:n] for p, n in zip(parts, counts)]).to(rows.dtype).to(rows.device)
 
 
 def _sizes(comm: Communicator, values: list[int]) -> list[list[int]]:
