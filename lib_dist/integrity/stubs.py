@@ -1,11 +1,13 @@
 """Switch off lib_dist's own version of what a lab asks students to write.
 
-While a lab is graded (the grader sets LIB_DIST_GRADED_LAB in the kernel's environment, which
-every engine inherits), each reference the lab declares in `lib_dist.extend.LABS` keeps its
-name but loses its body: its code object is replaced by one that raises `AskedToWrite`. Every
-reference to the function changes at once, however it was reached: `from lib_dist.losses import
-cross_entropy`, a module attribute, a table that holds the function (the tuner's algorithms),
-or a function pickled by reference to an engine.
+Where a lab is graded, lib_dist is the grader's judged edition (`grader.edition`), in which each
+reference the lab declares in `lib_dist.extend.LABS` has no body left; its
+`integrity/edition.py` names the lab, and `lib_dist/__init__.py` then calls
+`switch_off_references` too (as it does where LIB_DIST_GRADED_LAB names a lab, for tests): the
+function keeps its name but its code object is replaced by one that raises `AskedToWrite`.
+Every reference to the function changes at once, however it was reached: `from lib_dist.losses
+import cross_entropy`, a module attribute, a table that holds the function (the tuner's
+algorithms), or a function pickled by reference to an engine.
 """
 
 from __future__ import annotations
