@@ -195,7 +195,7 @@ def refusals(comm):
         "adasum_optimizer": lambda: hvd.DistributedOptimizer(
             torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1), op=hvd.Adasum),
         "process_set": lambda: hvd.allreduce(torch.ones(1), process_set=object()),
-        "process_sets": lambda: hvd.add_process_set([0, 1]),
+        "process_sets": lambda: hvd.add_process_set([0, N]),
         "both_ops": lambda: hvd.allreduce(torch.ones(1), average=True, op=hvd.Sum),
         "unknown": lambda: hvd.no_such_function,
     }
@@ -214,8 +214,8 @@ def test_unsupported_names_raise_naming_themselves(cluster):
     for got in cluster.run(refusals):
         assert "does not support Adasum" in got["adasum"]
         assert "does not support Adasum" in got["adasum_optimizer"]
-        assert "does not support process sets" in got["process_set"]
-        assert "does not support add_process_set" in got["process_sets"]
+        assert "process_set must be hvd.global_process_set or one added" in got["process_set"]
+        assert "ranks must be among 0..3, got [0, 4]" in got["process_sets"]
         assert got["both_ops"].startswith("ValueError")
         assert got["unknown"].startswith("AttributeError: lib_dist.horovod has no "
                                          "'no_such_function'")

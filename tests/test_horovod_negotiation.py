@@ -211,6 +211,17 @@ def on_real_ranks(comm):
     out["shape"] = failure(lambda: hvd.allreduce(torch.ones(1 + (r == 3)), name="shape"))
     out["root"] = failure(lambda: hvd.broadcast(torch.ones(1), root_rank=r % 2, name="root"))
     out["after"] = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
+    evens, odds = hvd.add_process_set([0, 2]), hvd.add_process_set([1, 3])
+    mine = evens if r % 2 == 0 else odds
+    out["set"] = (mine.size(), mine.rank(), mine.included(), evens.included())
+    out["set_sum"] = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=mine).item()
+    out["set_cast"] = hvd.broadcast(torch.tensor([float(r)]), root_rank=mine.ranks[-1],
+                                    process_set=mine).item()
+    out["outside"] = failure(lambda: hvd.allreduce(torch.ones(1), process_set=odds if r % 2 == 0
+                                                   else evens))
+    hvd.remove_process_set(odds)
+    hvd.remove_process_set(evens)
+    out["global_after"] = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
     return out
 
 
@@ -224,3 +235,9 @@ def test_on_four_real_ranks_against_torch_distributed():
         assert "rank 3: shape (2,)" in got["shape"] and got["shape"].startswith("Horovod")
         assert "rank 1: root 1" in got["root"]
         assert got["after"] == 4.0
+        # process sets: evens {0, 2} and odds {1, 3}, each its own subgroup
+        assert got["set"] == (2, r // 2, True, r % 2 == 0)
+        assert got["set_sum"] == (0.0 + 2.0 if r % 2 == 0 else 1.0 + 3.0)
+        assert got["set_cast"] == (2.0 if r % 2 == 0 else 3.0)  # root_rank: a global rank
+        assert got["outside"].startswith(f"NotInProcessSet: allreduce: rank {r} is not in")
+        assert got["global_after"] == 4.0

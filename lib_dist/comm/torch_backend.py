@@ -93,6 +93,16 @@ class TorchCommunicator(Communicator):
         """Stop this communicator's transport (its group is being replaced)."""
         self._transport.close()
 
+    def subgroup(self, ranks: list[int]) -> Communicator | None:
+        """A communicator over `ranks` (see `lib_dist.comm.group`), None on a rank not among
+        them. Collective: every rank calls it with the same ranks."""
+        from .group import GroupCommunicator
+
+        group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=self.timeout))
+        if self.rank not in ranks:
+            return None
+        return GroupCommunicator(group, list(ranks), self.device, self.timeout)
+
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
         return self._transport.isend(tensor, dst)
 

@@ -24,6 +24,7 @@ end to end:
 - `queue`, `negotiate`: every operation negotiated by name and checked on every rank (a
   mismatch is a `HorovodInternalError` naming the ranks and what differed); `settings`: what
   `init` reads from the environment; `wire`: moving bytes and ragged tensors;
+- `process_sets`: `add_process_set`, `remove_process_set`, `process_set=` on every operation;
 - `unsupported`: what Horovod has and this does not (each raises, naming itself).
 """
 
@@ -53,10 +54,8 @@ from .grouped import (
 from .negotiate import HorovodInternalError
 from .optimizer import DistributedOptimizer
 from .scatter import alltoall_async, reducescatter_async
-from .unsupported import (
-    ProcessSet, SyncBatchNorm, add_process_set, global_process_set, remove_process_set,
-    sparse_allreduce_async,
-)
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .unsupported import SyncBatchNorm, sparse_allreduce_async
 
 __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "FP16Compressor",

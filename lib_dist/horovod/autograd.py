@@ -22,6 +22,7 @@ import torch
 
 from . import gather, ops, scatter
 from .compression import Compressor, NoneCompressor
+from .process_sets import state_for
 
 
 class _Allreduce(torch.autograd.Function):
@@ -47,16 +48,16 @@ class _Allgather(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None,
                 process_set: Any) -> torch.Tensor:
         ctx.rows = tensor.shape[0] if tensor.dim() else 1
-        ctx.shape = tensor.shape
+        ctx.shape, ctx.process_set = tensor.shape, process_set
         result: torch.Tensor = gather._allgather(tensor, name, process_set, True)
         return result
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         averaged = ops._allreduce(grad.contiguous(), None, None, None, ops.Average, 1.0, 1.0,
-                                  None, True)
-        counts = gather._allgather(torch.tensor([ctx.rows]), None, None, True)
-        first = int(counts[: ops.basics.rank()].sum())
+                                  ctx.process_set, True)
+        counts = gather._allgather(torch.tensor([ctx.rows]), None, ctx.process_set, True)
+        first = int(counts[: state_for(ctx.process_set, "allgather").comm.rank].sum())
         return averaged[first: first + ctx.rows].reshape(ctx.shape), None, None
 
 
@@ -64,14 +65,14 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
                 process_set: Any) -> torch.Tensor:
-        ctx.root = root_rank
+        ctx.root, ctx.process_set = root_rank, process_set
         result: torch.Tensor = gather._broadcast(tensor, root_rank, False, name, process_set, True)
         return result
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         averaged = ops._allreduce(grad.contiguous(), None, None, None, ops.Average, 1.0, 1.0,
-                                  None, True)
+                                  ctx.process_set, True)
         if ops.basics.rank() != ctx.root:
             averaged = torch.zeros_like(averaged)
         return averaged, None, None, None
@@ -82,13 +83,14 @@ class _Alltoall(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
                 process_set: Any) -> Any:
         output, received = scatter._alltoall(tensor, splits, name, process_set, True)
-        ctx.received = received
+        ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _: Any) -> Any:
-        back, _ = scatter._alltoall(grad.contiguous(), ctx.received, None, None, True)
+        back, _ = scatter._alltoall(grad.contiguous(), ctx.received, None, ctx.process_set,
+                                    True)
         return back, None, None, None
 
 
@@ -96,8 +98,9 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: Any, process_set: Any,
                 prescale: float, postscale: float) -> torch.Tensor:
-        ctx.scale = (ops.basics.size() if ops.reduce_op(op) == ops.Sum else 1) * prescale * \
-            postscale
+        size = state_for(process_set, "reducescatter").comm.world_size
+        ctx.process_set = process_set
+        ctx.scale = (size if ops.reduce_op(op) == ops.Sum else 1) * prescale * postscale
         result: torch.Tensor = scatter._reducescatter(tensor, name, op, process_set, prescale,
                                                       postscale, True)
         return result
@@ -105,7 +108,7 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         scaled = grad * ctx.scale if ctx.scale != 1 else grad
-        return gather._allgather(scaled.contiguous(), None, None, True), *[None] * 5
+        return gather._allgather(scaled.contiguous(), None, ctx.process_set, True), *[None] * 5
 
 
 def allreduce_with_grad(tensor: torch.Tensor, average: bool | None, name: str | None,

@@ -59,7 +59,14 @@ class State:
     queue: Queue
     fusion_threshold: int
     timeline: timeline.Timeline | None = None
+    members: list[int] | None = None  # a process set's global ranks; None: every rank
+    process_sets: dict[int, Any] = field(default_factory=dict)  # added, by id
+    sets_added: int = 0
     names: dict[str, int] = field(default_factory=dict)  # unnamed operations so far, by kind
+
+    def root(self, root_rank: int) -> int:
+        """The rank in this state's communicator of global rank `root_rank`."""
+        return root_rank if self.members is None else self.members.index(root_rank)
 
     def auto_name(self, kind: str, name: str | None) -> str:
         """`name`, or the next `<kind>.noname.<n>`: counted by kind, so ranks that start the
@@ -87,8 +94,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     (0: no negotiation, see `queue`).
     """
     if process_sets not in (None, [], ()):
-        raise NotImplementedError("lib_dist.horovod does not support process sets; every "
-                                  "operation runs on all ranks (init(process_sets=None))")
+        raise NotImplementedError("hvd.init(process_sets=...) is not supported: call "
+                                  "hvd.add_process_set(ranks) after init, on every rank")
     if comm is not None and not isinstance(comm, Communicator):
         raise NotImplementedError(f"lib_dist.horovod.init takes a lib_dist Communicator, not "
                                   f"{type(comm).__name__} (MPI communicators are not supported)")

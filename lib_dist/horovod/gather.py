@@ -13,14 +13,13 @@ import torch
 
 from . import basics, negotiate, wire
 from .ops import _check_tensor, check_root, on_the_wire, start
-from .unsupported import check_process_set
+from .process_sets import state_for
 
 
 # -- allgather ---------------------------------------------------------------------------
 
 def _allgather(tensor: torch.Tensor, name: str | None, process_set: Any, blocking: bool) -> Any:
-    s = basics.state()
-    check_process_set(process_set, "allgather")
+    s = state_for(process_set, "allgather")
     _check_tensor(tensor, "allgather")
     name = s.auto_name("allgather", name)
     rows = tensor.detach().contiguous()
@@ -48,10 +47,9 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
 
 def _broadcast(tensor: torch.Tensor, root_rank: int, in_place: bool, name: str | None,
                process_set: Any, blocking: bool) -> Any:
-    s = basics.state()
-    check_process_set(process_set, "broadcast")
+    s = state_for(process_set, "broadcast")
     _check_tensor(tensor, "broadcast")
-    check_root(root_rank, s.comm.world_size, "broadcast")
+    root = check_root(s, root_rank, "broadcast")
     name = s.auto_name("broadcast", name)
     if in_place and tensor.is_contiguous():
         work = tensor.detach()
@@ -66,7 +64,7 @@ def _broadcast(tensor: torch.Tensor, root_rank: int, in_place: bool, name: str |
     def run(_: list[Any]) -> None:
         if s.comm.world_size > 1:
             with on_the_wire(work) as sent:
-                s.comm.broadcast(sent, root_rank)
+                s.comm.broadcast(sent, root)
 
     return start(s, "BROADCAST", name, negotiate.signature(work, root=root_rank), work.nbytes,
                  run, finish, blocking)
@@ -96,8 +94,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 def barrier(process_set: Any = None) -> None:
     """Return once every rank has called `barrier`; what every rank started before it has
     run by then (an operation only some ranks have started still waits for the others)."""
-    s = basics.state()
-    check_process_set(process_set, "barrier")
+    s = state_for(process_set, "barrier")
     start(s, "BARRIER", s.auto_name("barrier", None), {}, 0, lambda _: s.comm.barrier(),
           lambda _: None, True)
 

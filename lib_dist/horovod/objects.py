@@ -18,28 +18,26 @@ import torch
 
 from . import basics, negotiate, wire
 from .ops import check_root, on_the_wire, start
-from .unsupported import check_process_set
+from .process_sets import state_for
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: Any = None) -> Any:
     """Rank `root_rank`'s `obj`, on every rank (a copy everywhere but on the root)."""
-    s = basics.state()
-    check_process_set(process_set, "broadcast_object")
-    check_root(root_rank, s.comm.world_size, "broadcast_object")
+    s = state_for(process_set, "broadcast_object")
+    root = check_root(s, root_rank, "broadcast_object")
     if s.comm.world_size == 1:
         return obj
-    data = cloudpickle.dumps(obj) if s.comm.rank == root_rank else None
+    data = cloudpickle.dumps(obj) if s.comm.rank == root else None
     got: bytes = start(s, "BROADCAST", s.auto_name("broadcast_object", name),
                        dict(root=root_rank), len(data or b""),
-                       lambda _: wire.broadcast_bytes(s.comm, data, root_rank), lambda b: b, True)
-    return obj if s.comm.rank == root_rank else pickle.loads(got)
+                       lambda _: wire.broadcast_bytes(s.comm, data, root), lambda b: b, True)
+    return obj if s.comm.rank == root else pickle.loads(got)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
     """Every rank's `obj`, as a list by rank."""
-    s = basics.state()
-    check_process_set(process_set, "allgather_object")
+    s = state_for(process_set, "allgather_object")
     if s.comm.world_size == 1:
         return [obj]
     data = cloudpickle.dumps(obj)
@@ -56,9 +54,8 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
     Horovod does), `model.named_parameters()` / a list of (name, tensor) pairs, or a list of
     tensors. Every rank must pass the same structure.
     """
-    s = basics.state()
-    check_process_set(process_set, "broadcast_parameters")
-    check_root(root_rank, s.comm.world_size, "broadcast_parameters")
+    s = state_for(process_set, "broadcast_parameters")
+    check_root(s, root_rank, "broadcast_parameters")
     if isinstance(params, Mapping):
         named = sorted(params.items(), key=lambda kv: str(kv[0]))
     elif isinstance(params, Iterable) and not isinstance(params, torch.Tensor):
@@ -70,7 +67,7 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"broadcast_parameters: {name or 'an entry'} is a "
                              f"{type(p).__name__}, not a tensor")
-    broadcast_tensors([p for _, p in named], root_rank, "broadcast_parameters")
+    broadcast_tensors([p for _, p in named], root_rank, "broadcast_parameters", process_set)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
@@ -84,9 +81,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     (every rank, so the state exists everywhere; a DistributedOptimizer steps without
     all-reducing), and one still without state after that (plain SGD) has nothing to send.
     """
-    s = basics.state()
-    check_process_set(process_set, "broadcast_optimizer_state")
-    check_root(root_rank, s.comm.world_size, "broadcast_optimizer_state")
+    s = state_for(process_set, "broadcast_optimizer_state")
+    root = check_root(s, root_rank, "broadcast_optimizer_state")
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("broadcast_optimizer_state: torch.optim.LBFGS's state cannot be "
                          "broadcast (its structure is nested with None values); broadcast "
@@ -97,13 +93,13 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         return
     mine = optimizer.state_dict()
     tensors: list[torch.Tensor] = []
-    skeleton = broadcast_object(_skeleton(mine, tensors) if s.comm.rank == root_rank else None,
-                                root_rank, "optimizer_state")
-    if s.comm.rank != root_rank:
+    skeleton = broadcast_object(_skeleton(mine, tensors) if s.comm.rank == root else None,
+                                root_rank, "optimizer_state", process_set)
+    if s.comm.rank != root:
         tensors = []
         _fill(skeleton, mine, tensors)
-    broadcast_tensors(tensors, root_rank, "broadcast_optimizer_state")
-    if s.comm.rank != root_rank:
+    broadcast_tensors(tensors, root_rank, "broadcast_optimizer_state", process_set)
+    if s.comm.rank != root:
         optimizer.load_state_dict(_rebuild(skeleton, iter(tensors)))
 
 
@@ -123,9 +119,11 @@ def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 
 
-def broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, what: str) -> None:
+def broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, what: str,
+                      process_set: Any = None) -> None:
     """Overwrite `tensors` with the root's, in place: one broadcast per dtype."""
-    s = basics.state()
+    s = state_for(process_set, what)
+    root = check_root(s, root_rank, what)
     if s.comm.world_size == 1:
         return
     groups: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -138,7 +136,7 @@ def broadcast_tensors(tensors: list[torch.Tensor], root_rank: int, what: str) ->
 
         def run(_: list[Any], flat: torch.Tensor = flat) -> None:
             with on_the_wire(flat) as sent:
-                s.comm.broadcast(sent, root_rank)
+                s.comm.broadcast(sent, root)
 
         start(s, "BROADCAST", f"{what} {str(dtype).replace('torch.', '')}",
               negotiate.signature(flat, root=root_rank), flat.nbytes, run, lambda _: None, True)

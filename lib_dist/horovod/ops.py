@@ -27,7 +27,7 @@ from . import basics, negotiate
 from .basics import ReduceOp, State
 from .compression import Compressor, NoneCompressor
 from .queue import now
-from .unsupported import check_process_set
+from .process_sets import state_for
 
 Average, Sum, Adasum = ReduceOp.Average, ReduceOp.Sum, ReduceOp.Adasum
 Min, Max, Product = ReduceOp.Min, ReduceOp.Max, ReduceOp.Product
@@ -56,7 +56,7 @@ def reduce_in_place(comm: Communicator, t: torch.Tensor, op: ReduceOp, prescale:
     Average of integers truncates towards zero, as Horovod's does."""
     floating = t.is_floating_point() or t.is_complex()
     if prescale != 1.0:
-        t.mul_(prescale)
+        scale_(t, prescale)
     if op in (Sum, Average):
         if comm.world_size > 1:
             with on_the_wire(t) as sent:
@@ -71,7 +71,16 @@ def reduce_in_place(comm: Communicator, t: torch.Tensor, op: ReduceOp, prescale:
             sent.copy_(stacked.amin(0) if op == Min else stacked.amax(0) if op == Max
                        else stacked.prod(0))
     if postscale != 1.0:
-        t.mul_(postscale)
+        scale_(t, postscale)
+
+
+def scale_(t: torch.Tensor, factor: float) -> None:
+    """`t` times `factor`, in place; integers are scaled in float64 and truncated back, as
+    Horovod scales them."""
+    if t.is_floating_point() or t.is_complex():
+        t.mul_(factor)
+    else:
+        t.copy_((t.double() * factor).to(t.dtype))
 
 
 @contextmanager
@@ -120,7 +129,7 @@ def start(s: State, kind: str, name: str, signature: dict[str, Any], nbytes: int
     request = s.queue.request(kind, name, signature, timed(s, kind, name, nbytes, run), info)
     if blocking:
         return finish(s.queue.wait(request))
-    return s.queue.submit(request, lambda: finish(request.result))
+    return basics.state().queue.submit(request, lambda: finish(request.result))
 
 
 # -- allreduce ---------------------------------------------------------------------------
@@ -131,14 +140,9 @@ def _allreduce(tensor: torch.Tensor, out: torch.Tensor | None, average: bool | N
                ) -> Any:
     """All-reduce `tensor` into `out` (`tensor` itself for the in-place forms; None: a new
     tensor), compressed on the wire by `compression`."""
-    s = basics.state()
-    check_process_set(process_set, "allreduce")
+    s = state_for(process_set, "allreduce")
     op = reduce_op(op, average)
     _check_tensor(tensor, "allreduce")
-    if not (tensor.is_floating_point() or tensor.is_complex()) and (
-            prescale_factor != 1.0 or postscale_factor != 1.0):
-        raise ValueError(f"allreduce: prescale_factor and postscale_factor need a floating "
-                         f"tensor, got {tensor.dtype}")
     name = s.auto_name("allreduce", name)
     source = tensor.detach()
     sent, ctx = compression.compress(source)
@@ -201,13 +205,17 @@ def poll(handle: int) -> bool:
     return basics.state().queue.poll(handle)
 
 
-def check_root(root_rank: int, size: int, what: str) -> None:
-    """A root rank that is no rank fails here, on the rank that gave it (Horovod's
-    HorovodInternalError, a RuntimeError); one that differs between ranks fails in
-    negotiation, on every rank."""
-    if not isinstance(root_rank, int) or not 0 <= root_rank < size:
+def check_root(s: State, root_rank: int, what: str) -> int:
+    """`root_rank` (a global rank) as a rank of `s`'s communicator. One that is no rank (of
+    the process set) fails here, on the rank that gave it (Horovod's HorovodInternalError, a
+    RuntimeError); one that differs between ranks fails in negotiation, on every rank."""
+    ranks = s.members if s.members is not None else range(s.comm.world_size)
+    if not isinstance(root_rank, int) or root_rank not in ranks:
+        within = (f"0..{s.comm.world_size - 1}" if s.members is None
+                  else f"one of the process set's {s.members}")
         raise negotiate.HorovodInternalError(
-            f"{what}: root_rank must be a rank, 0..{size - 1}; got {root_rank!r}")
+            f"{what}: root_rank must be a rank, {within}; got {root_rank!r}")
+    return s.root(root_rank)
 
 
 def _check_tensor(tensor: Any, what: str) -> None:

@@ -43,7 +43,7 @@ from . import basics, negotiate
 from .basics import ReduceOp, State
 from .compression import Compressor, NoneCompressor
 from .ops import Average, Sum, reduce_op, timed
-from .unsupported import check_process_set
+from .process_sets import NotInProcessSet, state_for
 
 # the DistributedOptimizer hook on each parameter, by id (tensors compare elementwise, so they
 # cannot be keys of a WeakKeyDictionary); an entry goes when its parameter does
@@ -68,8 +68,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         size / factor after it (keeps fp16 sums of many ranks in range).
     sparse_as_dense: send sparse gradients (sparse embeddings) as dense ones.
     """
-    basics.state()
-    check_process_set(process_set, "DistributedOptimizer")
+    try:
+        s, local = state_for(process_set, "DistributedOptimizer"), False
+    except NotInProcessSet:  # as Horovod: a rank outside the set steps on its own gradients
+        s, local = basics.state(), True
     op = reduce_op(op)
     if op not in (Average, Sum):
         raise NotImplementedError(f"lib_dist.horovod's DistributedOptimizer supports op=hvd."
@@ -90,8 +92,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     cls = type(type(optimizer).__name__, (_DistributedOptimizer, type(optimizer)), {})
     wrapped = cast(_DistributedOptimizer, object.__new__(cls))
     wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups, state, defaults
-    wrapped._hvd = _GradientSync(basics.state(), named, compression, backward_passes_per_step,
-                                 op, gradient_predivide_factor, sparse_as_dense)
+    wrapped._parameter_names = {p: n for n, p in named}  # as Horovod's (programs read it)
+    wrapped._hvd = _GradientSync(s, named, compression, backward_passes_per_step,
+                                 op, gradient_predivide_factor, sparse_as_dense, local)
     return wrapped
 
 
@@ -99,6 +102,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     """The methods DistributedOptimizer adds to the wrapped optimizer's class."""
 
     _hvd: _GradientSync
+    _parameter_names: dict[torch.Tensor, str]
 
     def synchronize(self) -> None:
         """Finish every gradient's all-reduce and write the results into `p.grad`."""
@@ -117,9 +121,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         sync = self._hvd
         if sync.should_synchronize:
             if sync.synchronized:
-                warnings.warn("optimizer.step() after optimizer.synchronize() outside "
-                              "`with optimizer.skip_synchronize():`; the gradients are "
-                              "already synchronized and are used as they are", stacklevel=2)
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(): the gradients are already "
+                              "synchronized and are used as they are (step inside `with "
+                              "optimizer.skip_synchronize():`)", stacklevel=2)
             else:
                 sync.synchronize()
         sync.synchronized = False
@@ -138,7 +143,7 @@ class _GradientSync:
 
     def __init__(self, s: State, named: list[tuple[str, torch.Tensor]],
                  compression: type[Compressor], passes: int, op: ReduceOp,
-                 predivide: float, sparse_as_dense: bool):
+                 predivide: float, sparse_as_dense: bool, local: bool = False):
         self.state, self.passes, self.sparse_as_dense = s, passes, sparse_as_dense
         self.name = s.auto_name("DistributedOptimizer", None)
         self.should_synchronize = True
@@ -147,7 +152,7 @@ class _GradientSync:
         params = [p for _, p in named if p.requires_grad]
         self.delay = {id(p): passes for p in params}
         self.buckets: Buckets | None = None
-        if s.comm.world_size == 1:
+        if s.comm.world_size == 1 or local:
             return
         self.buckets = Buckets(
             [p for _, p in named], s.comm, max(s.fusion_threshold, 1),

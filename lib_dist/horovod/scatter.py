@@ -19,8 +19,8 @@ import torch
 from ..comm import Communicator
 from . import basics, negotiate
 from .basics import ReduceOp
-from .ops import Average, Sum, _check_tensor, on_the_wire, reduce_op, start
-from .unsupported import check_process_set
+from .ops import Average, Sum, _check_tensor, on_the_wire, reduce_op, scale_, start
+from .process_sets import state_for
 
 
 # -- alltoall ----------------------------------------------------------------------------
@@ -51,8 +51,7 @@ def _splits(tensor: torch.Tensor, splits: Any, size: int) -> list[int]:
 
 def _alltoall(tensor: torch.Tensor, splits: Any, name: str | None, process_set: Any,
               blocking: bool) -> Any:
-    s = basics.state()
-    check_process_set(process_set, "alltoall")
+    s = state_for(process_set, "alltoall")
     _check_tensor(tensor, "alltoall")
     sends = _splits(tensor, splits, s.comm.world_size)
     name = s.auto_name("alltoall", name)
@@ -101,8 +100,7 @@ def block(rows: int, size: int, rank: int) -> tuple[int, int]:
 
 def _reducescatter(tensor: torch.Tensor, name: str | None, op: Any, process_set: Any,
                    prescale: float, postscale: float, blocking: bool) -> Any:
-    s = basics.state()
-    check_process_set(process_set, "reducescatter")
+    s = state_for(process_set, "reducescatter")
     _check_tensor(tensor, "reducescatter")
     op = reduce_op(op)
     if op not in (Average, Sum):
@@ -125,7 +123,7 @@ def reduce_block(comm: Communicator, t: torch.Tensor, op: ReduceOp, prescale: fl
                  postscale: float) -> torch.Tensor:
     """This rank's block of rows of the reduction of `t` over the ranks (`t` is scratch)."""
     if prescale != 1.0:
-        t.mul_(prescale)
+        scale_(t, prescale)
     lo, hi = block(t.shape[0], comm.world_size, comm.rank)
     if comm.world_size > 1:
         bounds = [block(t.shape[0], comm.world_size, r) for r in range(comm.world_size)]
@@ -141,7 +139,7 @@ def reduce_block(comm: Communicator, t: torch.Tensor, op: ReduceOp, prescale: fl
         else:
             mine = torch.div(mine, comm.world_size, rounding_mode="trunc")
     if postscale != 1.0:
-        mine.mul_(postscale)
+        scale_(mine, postscale)
     return mine
 
 
