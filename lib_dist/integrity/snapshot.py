@@ -41,7 +41,8 @@ LAZY_REBINDINGS = {"torch.manual_seed": "torch._dynamo"}
 
 TRUSTED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.nn.modules.module",
                    "torch.testing", "torch.distributed", "torch.autograd", "torch.optim",
-                   "torch.utils.data", "numpy", "numpy.testing")
+                   "torch.utils.data", "numpy", "numpy.testing",
+                   "os", "random")  # os.urandom: where hidden tests draw their seeds
 
 
 def trusted_modules() -> list[types.ModuleType]:
