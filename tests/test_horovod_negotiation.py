@@ -142,6 +142,25 @@ def test_join_lets_ranks_with_fewer_batches_stop_early():
         torch.testing.assert_close(got["weight"], want, rtol=0, atol=4 * 10 * torch.finfo().eps)
 
 
+def joins_in_turn(r, n):
+    """Each rank in turn joins first while the others try an unnamed allgather: its name
+    differs between ranks by then (each counts its own), and it must still fail at once."""
+    out = []
+    for first in range(n):
+        if r != first:
+            out.append(failure(lambda: hvd.allgather(torch.ones(1))))
+        out.append(hvd.join())
+    return out
+
+
+def test_what_cannot_run_beside_a_joined_rank_fails_without_waiting_for_its_name():
+    for r, got in enumerate(on_ranks(4, joins_in_turn, 4)):
+        refusals = [g for g in got if isinstance(g, str)]
+        assert len(refusals) == 3 and all("has joined (hvd.join)" in g for g in refusals)
+        lasts = [g for g in got if isinstance(g, int)]
+        assert len(lasts) == 4 and all(last != first for first, last in enumerate(lasts))
+
+
 def moves(r, n):
     out = {}
     rows = torch.cat([torch.full((d + 1, 2), 10.0 * r + d) for d in range(n)])

@@ -74,8 +74,17 @@ def ready(everyone: list[list[tuple[str, str, dict[str, Any], Any]]],
     for r in joined:
         joined_at.setdefault(r, cycle)
     active = [r for r in range(size) if r not in joined]
-    entries = []
+    entries, refused = [], set()
+    if joined:  # what cannot run with a rank that has joined fails at once, names unmatched
+        for r in active:
+            for kind, name, sig, _ in everyone[r]:
+                if kind not in JOINABLE and kind != "JOIN" and name not in refused:
+                    refused.add(name)
+                    entries.append(Entry(kind, name, sig, [None] * size, _refusal(
+                        kind, name, sorted(joined))))
     for kind, name, sig, _ in everyone[active[0] if active else 0]:
+        if name in refused:
+            continue
         if kind == "JOIN":
             if len(joined) == size:
                 last = max(joined, key=lambda r: (joined_at[r], r))
@@ -85,14 +94,16 @@ def ready(everyone: list[list[tuple[str, str, dict[str, Any], Any]]],
         if any(r not in have and r not in joined for r in range(size)):
             continue  # some rank has not asked for it yet
         error = disagreement(kind, name, {r: by_rank[r][name] for r in have})
-        absent = sorted(joined - set(have))
-        if error is None and absent and kind not in JOINABLE:
-            error = (f"{kind.lower()} {name!r}: rank{'s' if len(absent) > 1 else ''} "
-                     f"{', '.join(map(str, absent))} ha{'ve' if len(absent) > 1 else 's'} "
-                     f"joined (hvd.join); only allreduce runs with ranks that have joined")
         infos = [by_rank[r][name][2] if r in have else None for r in range(size)]
         entries.append(Entry(kind, name, sig, infos, error))
     return entries
+
+
+def _refusal(kind: str, name: str, joined: list[int]) -> str:
+    many = len(joined) > 1
+    return (f"{kind.lower()} {name!r}: rank{'s' if many else ''} {', '.join(map(str, joined))} "
+            f"ha{'ve' if many else 's'} joined (hvd.join); only allreduce runs with ranks "
+            f"that have joined")
 
 
 def disagreement(kind: str, name: str,
