@@ -57,4 +57,33 @@ def seal(namespaces: Iterable[tuple[str, Mapping[str, Any]]], ignored: Iterable[
 
 _MISSING = object()
 
-__all__ = ["seal"]
+
+def seal_callables(namespaces: Iterable[tuple[str, Mapping[str, Any]]]) -> Callable[[], list[str]]:
+    """A looser seal, for the many modules the tests reach through torch's and Python's own
+    code (`torch.testing._comparison`, `ast`, ...): a function or class rebound or removed is
+    a change, and so is a new binding that shadows a builtin (a module's `len`); their other
+    state (caches, flags, counters) may change by itself."""
+    is_, len_, list_, map_, all_, dict_ = (operator.is_, builtins.len, builtins.list,
+                                           builtins.map, builtins.all, builtins.dict)
+    callable_, isinstance_, module_type = builtins.callable, builtins.isinstance, types.ModuleType
+    shadowed = frozenset(vars(builtins))
+    held = [(label, ns, {k: v for k, v in ns.items() if callable_(v)}, list_(ns.values()))
+            for label, ns in namespaces]
+
+    def changes() -> list[str]:
+        found = []
+        for label, ns, functions, values in held:
+            if len_(ns) == len_(values) and all_(map_(is_, ns.values(), values)):
+                continue
+            now = dict_(ns)
+            found += [f"{label}.{name}" for name, value in functions.items()
+                      if not is_(now.get(name, _MISSING), value)]
+            found += [f"{label}.{name}" for name, value in now.items()
+                      if name in shadowed and name not in functions
+                      and not isinstance_(value, module_type) and not name.startswith("__")]
+        return found
+
+    return changes
+
+
+__all__ = ["seal", "seal_callables"]
