@@ -12,7 +12,10 @@ being:
   `lib_dist.definitions`;
 - naive: `lib_dist.data_parallel.average_gradients` after backward, one all-reduce per
   parameter tensor (of 28), none overlapped with backward;
-- horovod: `lib_dist.horovod`'s `DistributedOptimizer` (Tensor Fusion: 128 MiB, one bucket);
+- horovod: `lib_dist.horovod`'s `DistributedOptimizer` (Tensor Fusion: 128 MiB, one bucket),
+  every bucket's all-reduce negotiated and checked (one small all-gather of the ranks'
+  requests first), and "hvd unchecked", the same with the checks off (`LIB_DIST_HVD_CHECKS=0`):
+  the difference is what the mismatch checks cost a step;
 - no sync: the same step without communication: what each rank computes, with the other
   ranks computing beside it. A variant's excess over it is what its communication costs.
 
@@ -55,7 +58,8 @@ from rounds import interleaved  # benchmarks/rounds.py, beside this script
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = REPO / "solutions" / "lab04_data_parallel" / "lab04_data_parallel.ipynb"
-VARIANTS = ("torch DDP", "DDP again", "lib_dist", "lab solution", "naive", "horovod", "no sync")
+VARIANTS = ("torch DDP", "DDP again", "lib_dist", "lab solution", "naive", "horovod",
+            "hvd unchecked", "no sync")
 SCALING = ("torch DDP", "lib_dist")
 CONTEXT, VOCAB = 64, 96
 
@@ -80,20 +84,25 @@ def make_step(name: str, comm, lab_data_parallel):
     elif name == "lab solution":
         wrapped = lab_data_parallel(model, comm)
     optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if name == "horovod":
+    if name in ("horovod", "hvd unchecked"):
         import lib_dist.horovod as hvd
 
         hvd.init()
+        queue = hvd.basics.state().queue
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        if name == "hvd unchecked":  # as LIB_DIST_HVD_CHECKS=0, for this variant's steps only
+            queue.check = False  # (the queue is empty between steps, on every rank alike)
         optimizer.zero_grad(set_to_none=True)
         logits = wrapped(x)
         F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1)).backward()
         if name == "naive":
             average_gradients(comm, model)
         optimizer.step()
+        if name == "hvd unchecked":
+            queue.check = True
 
     dist.barrier()
     return step
