@@ -48,30 +48,102 @@ def run(edition, answers, cells, timeout=60.0, tmp_path=None):
     return judge(LAB, [answers], cells, Path(tmp_path or "."), launch, timeout)
 
 
-@slow
-def test_a_right_answer_passes_and_what_the_cell_printed_comes_back(edition, tmp_path):
-    found = run(edition, ANSWER, [SETUP, TEST], tmp_path=tmp_path)
-    assert found.loaded == ["log_softmax"]
-    assert found.results[1].passed, found.results[1]
-    assert "checked" in found.results[1].text
-
-
-@slow
-def test_an_answer_that_raises_fails_even_with_every_exception_hook_replaced(edition, tmp_path):
-    hooks = textwrap.dedent("""
-        import sys, threading, builtins
-        def swallow(*args, **kwargs):
-            return None
-        HOOKS = [setattr(sys, "excepthook", swallow), setattr(threading, "excepthook", swallow),
-                 setattr(sys, "unraisablehook", swallow), setattr(sys, "displayhook", swallow)]
-        def log_softmax(logits, dim=-1):
-            HOOKS.append(sys.excepthook)
+REACHING = {
+    "frames": "import sys\nf = sys._getframe(0)\nwhile f is not None:\n    f = f.f_back\n",
+    "inspect": "import inspect\ninspect.stack()\n",
+    "gc": "import gc\ngc.get_objects()\n",
+    "ctypes": "import ctypes\nctypes.string_at(id(1), 8)\n",
+    "code": "import torch\ntorch.testing.assert_close.__code__ = (lambda *a, **k: None).__code__\n",
+    "defaults": "import torch.testing\n"
+                "torch.testing.assert_close.__kwdefaults__ = {'rtol': 1.0, 'atol': 1.0}\n",
+    "trace": "import sys\nsys.settrace(lambda *a: None)\n",
+    "mem": "open('/proc/self/mem', 'rb')\n",
+}
+# One answer for every case below: `log_softmax(z, how)` does the right thing, raises, tries one
+# of the routes into the judge, or rebinds torch.allclose; its module replaced every exception
+# hook when it was loaded.
+HOSTILE = textwrap.dedent("""
+    import sys, threading
+    import torch
+    def swallow(*args, **kwargs):
+        return None
+    HOOKS = [setattr(sys, "excepthook", swallow), setattr(threading, "excepthook", swallow),
+             setattr(sys, "unraisablehook", swallow), setattr(sys, "displayhook", swallow)]
+    def log_softmax(logits, dim=-1, how="right"):
+        HOOKS.append(how)
+        if how == "raise":
             raise RuntimeError("wrong on purpose")
-        """)
-    found = run(edition, hooks, [SETUP, TEST], tmp_path=tmp_path)
-    assert found.loaded == ["log_softmax"]
-    result = found.results[1]
+        if how == "rebind":
+            torch.allclose = lambda *a, **k: True
+        elif how in ROUTES:
+            exec(ROUTES[how], {})
+        return logits - logits.logsumexp(dim, keepdim=True)
+    """) + f"ROUTES = {REACHING!r}\n"
+
+
+def calling(how: str) -> Cell:
+    return Cell(f"q-{how}", f"z = torch.randn(3, 5, dtype=torch.float64)\n"
+                            f"assert torch.allclose(log_softmax(z, how={how!r}), "
+                            f"torch.log_softmax(z, -1))\nprint('checked')\n", True)
+
+
+STDLIB = Cell("q-stdlib", textwrap.dedent("""
+    import collections, logging, typing, enum
+    Point = collections.namedtuple("Point", "x y")
+    class Pair(typing.NamedTuple):
+        a: int
+    Colour = enum.Enum("Colour", "RED GREEN")
+    logging.getLogger("judge-test").warning("a warning from a test")
+    assert Point(1, 2).x == 1 and Pair(3).a == 3 and Colour.RED.value == 1
+    """), True)
+CASES = ["right", "raise", *sorted(REACHING), "right", "rebind", "right"]
+
+
+@pytest.fixture(scope="module")
+def hostile(edition, tmp_path_factory):
+    """One judge: the hostile answer's every case, each in a test cell of its own."""
+    cells = [SETUP, STDLIB, *(calling(how) for how in CASES)]
+    return cells, run(edition, HOSTILE, cells, tmp_path=tmp_path_factory.mktemp("hostile"))
+
+
+def results_of(hostile, how):
+    cells, found = hostile
+    return [found.results[i] for i, cell in enumerate(cells) if cell.name == f"q-{how}"]
+
+
+@slow
+def test_a_right_answer_passes_and_what_the_cell_printed_comes_back(hostile):
+    assert hostile[1].loaded == ["log_softmax"]
+    first, after_the_routes, after_the_rebinding = results_of(hostile, "right")
+    assert first.passed and after_the_routes.passed, (first, after_the_routes)
+    assert "checked" in first.text
+    assert not after_the_rebinding.passed  # torch.allclose stays rebound: every later test fails
+
+
+@slow
+def test_an_answer_that_raises_fails_even_with_every_exception_hook_replaced(hostile):
+    (result,) = results_of(hostile, "raise")
     assert not result.passed and result.error["ename"] == "RuntimeError", result
+
+
+@slow
+@pytest.mark.parametrize("route", sorted(REACHING))
+def test_an_answer_cannot_reach_into_the_judge(hostile, route):
+    (result,) = results_of(hostile, route)
+    assert not result.passed
+    assert result.error and "the judge does not allow" in result.error["evalue"], result
+
+
+@slow
+def test_what_the_standard_library_asks_of_frames_still_works(hostile):
+    assert hostile[1].results[1].passed, hostile[1].results[1]
+
+
+@slow
+def test_a_rebinding_inside_an_answer_fails_the_test_and_says_what(hostile):
+    (result,) = results_of(hostile, "rebind")
+    assert not result.passed and result.error["ename"] == "Tampering", result
+    assert "torch.allclose" in result.error["evalue"]
 
 
 @slow
@@ -106,59 +178,6 @@ def test_a_cell_past_its_timeout_fails_and_the_next_runs(edition, tmp_path):
     found = run(edition, ANSWER, [SETUP, endless, TEST], timeout=3.0, tmp_path=tmp_path)
     assert "cell timeout" in found.results[1].note
     assert found.results[2].passed, found.results[2]
-
-
-REACHING = {
-    "frames": "import sys\nsys._getframe(1).f_locals\n",
-    "inspect": "import inspect\ninspect.stack()\n",
-    "gc": "import gc\ngc.get_objects()\n",
-    "ctypes": "import ctypes\nctypes.string_at(id(1), 8)\n",
-    "code": "import torch\ntorch.testing.assert_close.__code__ = (lambda *a, **k: None).__code__\n",
-    "defaults": "import torch.testing\n"
-                "torch.testing.assert_close.__kwdefaults__ = {'rtol': 1.0, 'atol': 1.0}\n",
-    "trace": "import sys\nsys.settrace(lambda *a: None)\n",
-    "mem": "open('/proc/self/mem', 'rb')\n",
-}
-
-
-@slow
-@pytest.mark.parametrize("route", sorted(REACHING))
-def test_an_answer_cannot_reach_into_the_judge(edition, tmp_path, route):
-    body = textwrap.indent(REACHING[route], "    ")
-    answer = f"def log_softmax(logits, dim=-1):\n{body}    return logits\n"
-    found = run(edition, answer, [SETUP, TEST], tmp_path=tmp_path)
-    result = found.results[1]
-    assert not result.passed
-    assert result.error and "the judge does not allow" in result.error["evalue"], result
-
-
-@slow
-def test_what_the_standard_library_asks_of_frames_still_works(edition, tmp_path):
-    uses = Cell("q1-uses", textwrap.dedent("""
-        import collections, logging, typing, enum
-        Point = collections.namedtuple("Point", "x y")
-        class Pair(typing.NamedTuple):
-            a: int
-        Colour = enum.Enum("Colour", "RED GREEN")
-        logging.getLogger("judge-test").warning("a warning from a test")
-        assert Point(1, 2).x == 1 and Pair(3).a == 3 and Colour.RED.value == 1
-        """), True)
-    found = run(edition, ANSWER, [SETUP, uses], tmp_path=tmp_path)
-    assert found.results[1].passed, found.results[1]
-
-
-@slow
-def test_a_rebinding_inside_an_answer_fails_the_test_and_says_what(edition, tmp_path):
-    patcher = textwrap.dedent("""
-        import torch
-        def log_softmax(logits, dim=-1):
-            torch.allclose = lambda *a, **k: True
-            return logits
-        """)
-    found = run(edition, patcher, [SETUP, TEST], tmp_path=tmp_path)
-    result = found.results[1]
-    assert not result.passed and result.error["ename"] == "Tampering", result
-    assert "torch.allclose" in result.error["evalue"]
 
 
 @pytest.mark.parametrize("lab", sorted(LABS))

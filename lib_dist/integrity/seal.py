@@ -58,7 +58,8 @@ def seal(namespaces: Iterable[tuple[str, Mapping[str, Any]]], ignored: Iterable[
 _MISSING = object()
 
 
-def seal_callables(namespaces: Iterable[tuple[str, Mapping[str, Any]]]) -> Callable[[], list[str]]:
+def seal_callables(namespaces: Iterable[tuple[str, Mapping[str, Any]]],
+                   lazy: Iterable[str] = ()) -> Callable[[], list[str]]:
     """A looser seal, for the many modules the tests reach through torch's and Python's own
     code (`torch.testing._comparison`, `ast`, ...): a function or class rebound or removed is
     a change, and so is a new binding that shadows a builtin (a module's `len`); their other
@@ -66,20 +67,23 @@ def seal_callables(namespaces: Iterable[tuple[str, Mapping[str, Any]]]) -> Calla
     is_, len_, list_, map_, all_, dict_ = (operator.is_, builtins.len, builtins.list,
                                            builtins.map, builtins.all, builtins.dict)
     callable_, isinstance_, module_type = builtins.callable, builtins.isinstance, types.ModuleType
-    shadowed = frozenset(vars(builtins))
-    held = [(label, ns, {k: v for k, v in ns.items() if callable_(v)}, list_(ns.values()))
-            for label, ns in namespaces]
+    shadowed, wrapped_ok, getattr_ = frozenset(vars(builtins)), frozenset(lazy), builtins.getattr
+    held = [(label, ns, {k: v for k, v in ns.items() if callable_(v)}, list_(ns.values()),
+             frozenset(ns)) for label, ns in namespaces]
 
     def changes() -> list[str]:
         found = []
-        for label, ns, functions, values in held:
+        for label, ns, functions, values, names in held:
             if len_(ns) == len_(values) and all_(map_(is_, ns.values(), values)):
                 continue
             now = dict_(ns)
-            found += [f"{label}.{name}" for name, value in functions.items()
-                      if not is_(now.get(name, _MISSING), value)]
+            for name, value in functions.items():
+                new = now.get(name, _MISSING)
+                if not is_(new, value) and not (f"{label}.{name}" in wrapped_ok and is_(
+                        getattr_(new, "__wrapped__", None), value)):
+                    found.append(f"{label}.{name}")
             found += [f"{label}.{name}" for name, value in now.items()
-                      if name in shadowed and name not in functions
+                      if name in shadowed and name not in names
                       and not isinstance_(value, module_type) and not name.startswith("__")]
         return found
 
