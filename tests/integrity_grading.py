@@ -383,5 +383,5 @@ def check_catalog(graded, lab: str, student: str) -> str:
         said = outputs_text(course, lab, student)
         loaded = said.split("against the definitions of ", 1)[1].split("\n", 1)[0]
         assert {a.strip() for a in loaded.split(",")} >= set(reached_answers(lab)), said[:3000]
-        assert f"{lab} asks you to write" in errors and "lib_dist's own" in errors, errors
+        assert f"{lab} asks you to write" in said and "lib_dist's own" in said, said[-3000:]
     return errors

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from integrity_grading import check_blank_release, check_cheat, code, graded_lab
+from integrity_grading import (catalog, check_blank_release, check_catalog, check_cheat, code,
+                               graded_lab)
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -66,6 +67,66 @@ TORCH_ZERO = code("""
             self.optimizer.zero_grad()
     """)
 
+# Row 4 of the catalog: a LossScaler whose unscaling and update are GradScaler's own kernels,
+# reached around their guards: one through inspect.unwrap of the guard's wrapper, the other as
+# torch.ops.aten's alias of the same kernel.
+GRAD_SCALERS_KERNELS = code("""
+    import inspect
+
+    class LossScaler:
+        def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                     growth_interval=2000):
+            self._scale = torch.tensor(float(init_scale), dtype=torch.float32)
+            self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+            self.growth_interval = growth_interval
+            self._tracker = torch.zeros((), dtype=torch.int32)
+            self._found, self._stepped = {}, set()
+
+        def scale(self, loss):
+            return loss * self._scale.to(loss.device)
+
+        def unscale_(self, optimizer):
+            if id(optimizer) in self._found:
+                raise RuntimeError("unscale_() has already been called on this optimizer "
+                                   "since the last update()")
+            found = torch.zeros(())
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                     if p.grad is not None]
+            inspect.unwrap(torch._amp_foreach_non_finite_check_and_unscale_)(
+                grads, found, self._scale.double().reciprocal().float())
+            self._found[id(optimizer)] = self._any_rank(bool(found))
+
+        def _any_rank(self, found):
+            return found
+
+        def step(self, optimizer, *args, **kwargs):
+            if id(optimizer) in self._stepped:
+                raise RuntimeError("step() has already been called since the last update()")
+            if id(optimizer) not in self._found:
+                self.unscale_(optimizer)
+            self._stepped.add(id(optimizer))
+            return None if self._found[id(optimizer)] else optimizer.step(*args, **kwargs)
+
+        def update(self):
+            found = torch.tensor(float(any(self._found.values())))
+            torch.ops.aten._amp_update_scale_(self._scale, self._tracker, found,
+                                              self.growth_factor, self.backoff_factor,
+                                              self.growth_interval)
+            self._found.clear()
+            self._stepped.clear()
+
+        def get_scale(self):
+            return float(self._scale)
+
+        def state_dict(self):
+            return {"scale": self.get_scale(), "growth_factor": self.growth_factor,
+                    "backoff_factor": self.backoff_factor,
+                    "growth_interval": self.growth_interval,
+                    "_growth_tracker": int(self._tracker)}
+    """)
+LOSS_SCALER = {"q1-test-decisions", "q1-test-unscale", "q2-test-training", "q3-test-agreement",
+               "q5-test-cluster"}
+
 LAB07_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
     "imports_lib_dist": ({
         "q1-solution": "from lib_dist.mixed_precision import LossScaler\n",
@@ -78,13 +139,28 @@ LAB07_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
                     {"q1-test-decisions", "q1-test-unscale", "q2-test-training",
                      "q3-test-agreement", "q4-test-values", "q4-test-memory",
                      "q4-test-traffic", "q5-test-cluster"}),
-}
+    "oracle_unwrapped": ({"q1-solution": GRAD_SCALERS_KERNELS}, LOSS_SCALER),
+} | catalog(LAB07)
 
 
 lab07 = graded_lab(LAB07, LAB07_CHEATS)
 
 
-@pytest.mark.parametrize("student", sorted(LAB07_CHEATS))
+@pytest.mark.parametrize("student", sorted(catalog(LAB07)))
+def test_the_catalogs_cheats_score_zero(lab07, student):
+    check_catalog(lab07, LAB07, student)
+
+
+KERNELS_REACHED = pytest.mark.xfail(strict=True, reason=(
+    "GradScaler's kernels reached around their guards are not refused inside an answer: "
+    "inspect.unwrap(torch._amp_foreach_non_finite_check_and_unscale_) and "
+    "torch.ops.aten._amp_update_scale_ give the cheat Q1's, Q2's training and Q3's points "
+    "(graded: only q5-test-cluster fails, on pickling torch.ops for the engines)"))
+
+
+@pytest.mark.parametrize("student", [
+    pytest.param(s, marks=KERNELS_REACHED) if s == "oracle_unwrapped" else s
+    for s in sorted(set(LAB07_CHEATS) - set(catalog(LAB07)))])
 def test_lab07_cheats_score_zero(lab07, student):
     errors = check_cheat(lab07, LAB07, LAB07_CHEATS, student)
     expected = {
@@ -95,6 +171,8 @@ def test_lab07_cheats_score_zero(lab07, student):
             "lib_dist.mixed_precision.zero.ZeroOptimizer, lib_dist's own"],
         "wraps_torch": ["torch.amp.grad_scaler.GradScaler is what the tests compare with",
                         "ZeroRedundancyOptimizer is what the tests compare with"],
+        "oracle_unwrapped": ["torch._amp_foreach_non_finite_check_and_unscale_ is what the "
+                             "tests compare with"],
     }[student]
     for text in expected:
         assert text in errors
