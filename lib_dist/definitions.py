@@ -191,16 +191,24 @@ def _bound_names(stmt: ast.stmt) -> list[str]:
 def _closure(statements: list[ast.stmt], bound: dict[str, int], names: list[str]) -> set[int]:
     """Indices of the statements binding `names` and, transitively, every top-level name they
     use. `from __future__` and `from x import *` statements are always included: the first
-    changes how the rest compiles, and what the second binds is unknown."""
+    changes how the rest compiles, and what the second binds is unknown. Every import of a name
+    is included, not only the last binding: a definition that needs `torch` as it is defined
+    (a base class) finds the setup cell's import even where a later cell imports it again."""
     chosen = {i for i, s in enumerate(statements) if isinstance(s, ast.ImportFrom)
               and (s.module == "__future__" or any(a.name == "*" for a in s.names))}
+    imports: dict[str, list[int]] = {}
+    for i, stmt in enumerate(statements):
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            for name in _bound_names(stmt):
+                imports.setdefault(name, []).append(i)
     todo = [bound[n] for n in names]
     while todo:
         i = todo.pop()
         if i in chosen:
             continue
         chosen.add(i)
-        todo += [bound[n] for n in _global_uses(statements[i]) if n in bound]
+        used = [n for n in _global_uses(statements[i]) if n in bound]
+        todo += [bound[n] for n in used] + [j for n in used for j in imports.get(n, [])]
     return chosen
 
 

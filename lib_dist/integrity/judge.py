@@ -64,6 +64,7 @@ def _judge_from(box: list[bytes]) -> None:
 def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
     from . import guard as guard_module
     from . import lockdown, oracles, seal, snapshot
+    from .tracebacks import frameless
     from ..definitions import definitions_in
     from ..extend import LABS
 
@@ -74,17 +75,18 @@ def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
     run, described = guard_module.Guard.run, _describer({f"<{c['name']}>": c["source"]
                                                          for c in cells})
     string_io = io.StringIO
+    _make_undumpable()
+    permit = lockdown.lock_down()
+    frameless(permit)  # before the seals: formatting a traceback hands out no frame
     strictly = seal.seal(_sealed(judge.snapshot), snapshot.UNWATCHED, snapshot.CLASS_CACHES,
                          snapshot.LAZY_REBINDINGS)
-    loosely = seal.seal_callables([(name, vars(module)) for name, module in list(sys.modules.items())
-                                   if module is not None and name.split(".")[0] in REACHED],
-                                  snapshot.LAZY_REBINDINGS)
+    reached = [(name, vars(module)) for name, module in list(sys.modules.items())
+               if module is not None and name.split(".")[0] in REACHED]
+    loosely = seal.seal_callables(reached, snapshot.LAZY_REBINDINGS)
 
     def changed() -> list[str]:
         return strictly() + loosely()
 
-    _make_undumpable()
-    permit = lockdown.lock_down()
     problems = _load_answers(answers, job["answers"], LABS[lab].asks, definitions_in, oracles)
     report("A", json.dumps({"loaded": sorted(answers), "problems": problems}))
     for index, cell in enumerate(cells):
