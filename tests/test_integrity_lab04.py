@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from grader.course import REPO
-from integrity_grading import check_blank_release, check_cheat, code, graded_lab
+from integrity_grading import (catalog, check_blank_release, check_catalog, check_cheat, code,
+                               graded_lab)
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -148,13 +149,60 @@ LAB04_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
         """)}, SAMPLER),
     "broadcasts_with_horovod": ({"dp-solution": with_horovods_broadcast(
         solution_cell(LAB04, "dp-solution"))}, DATA_PARALLEL),
-}
+    # row 4 of the catalog: torch's sampler built and asked around its guard (object.__new__,
+    # and inspect.unwrap of the guard's wrappers)
+    "oracle_unwrapped": ({"q1-solution": code("""
+        import inspect
+        from torch.utils.data import DistributedSampler
+
+        def _unguarded(name):
+            return inspect.unwrap(getattr(DistributedSampler, name))
+
+        class ShardSampler:
+            def __init__(self, dataset_size, num_replicas, rank, *, shuffle=True, seed=0,
+                         drop_last=False):
+                self.dataset_size, self.epoch = dataset_size, 0
+                self.options = dict(num_replicas=num_replicas, rank=rank, shuffle=shuffle,
+                                    seed=seed, drop_last=drop_last)
+            def torchs(self):
+                sampler = object.__new__(DistributedSampler)
+                _unguarded("__init__")(sampler, range(self.dataset_size), **self.options)
+                _unguarded("set_epoch")(sampler, self.epoch)
+                return sampler
+            def set_epoch(self, epoch):
+                self.epoch = epoch
+            def __iter__(self):
+                yield from _unguarded("__iter__")(self.torchs())
+            def __len__(self):
+                return _unguarded("__len__")(self.torchs())
+        """)}, SAMPLER),
+} | catalog(LAB04)
 
 
 lab04 = graded_lab(LAB04, LAB04_CHEATS)
 
 
-@pytest.mark.parametrize("student", sorted(LAB04_CHEATS))
+@pytest.mark.parametrize("student", sorted(catalog(LAB04)))
+def test_the_catalogs_cheats_score_zero(lab04, student):
+    check_catalog(lab04, LAB04, student)
+
+
+BUGS = {
+    "oracle_unwrapped": pytest.mark.xfail(strict=True, reason=(
+        "torch's DistributedSampler made with object.__new__ and its guarded __init__, "
+        "set_epoch, __iter__ and __len__ unwrapped (inspect.unwrap) is not refused inside an "
+        "answer: the cheat scores full marks")),
+    "subclasses_lib_dist": pytest.mark.xfail(strict=True, reason=(
+        "scores as expected, but ShardSampler 'could not be loaded: NameError' instead of being "
+        "refused as lib_dist's: lib_dist.definitions runs only the last `import lib_dist...` "
+        "(DataParallel's cell), after ShardSampler's class statement (tests/test_judge.py::"
+        "test_a_later_cell_importing_again_costs_no_earlier_answer)")),
+}
+
+
+@pytest.mark.parametrize("student", [
+    pytest.param(s, marks=BUGS[s]) if s in BUGS else s
+    for s in sorted(set(LAB04_CHEATS) - set(catalog(LAB04)))])
 def test_lab04_cheats_score_zero(lab04, student):
     errors = check_cheat(lab04, LAB04, LAB04_CHEATS, student)
     asks = "lab04_data_parallel asks you to write"
@@ -179,6 +227,8 @@ def test_lab04_cheats_score_zero(lab04, student):
         "broadcasts_with_horovod": ["lib_dist.horovod.objects.broadcast_parameters is "
                                     "lib_dist's own version, switched off while the lab is "
                                     "graded"],
+        "oracle_unwrapped": [f"{asks} ShardSampler yourself: "
+                             "torch.utils.data.DistributedSampler is what the tests compare with"],
     }[student]
     for text in expected:
         assert text in errors
