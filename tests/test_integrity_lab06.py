@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from lab_solutions import answer_source
-from integrity_grading import check_blank_release, check_cheat, code, graded_lab
+from integrity_grading import (catalog, check_blank_release, check_catalog, check_cheat, code,
+                               graded_lab)
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -30,6 +31,27 @@ TORCH_MLP = code("""
         return parallelize_module(copy.deepcopy(mlp), mesh, plan)
     """) + "\n\n"
 
+TORCH_MLP_UNWRAPPED = code("""
+    def ParallelMLP(mlp, comm):
+        import copy
+        import inspect
+
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+
+        def unguarded(style):  # a subclass whose methods are the guarded ones, unwrapped
+            body = {k: inspect.unwrap(v) for k, v in vars(style).items()
+                    if inspect.isfunction(v)}
+            made = object.__new__(type(style.__name__, (style,), body))
+            inspect.unwrap(style.__init__)(made)
+            return made
+
+        plan = {"fc": unguarded(ColwiseParallel), "proj": unguarded(RowwiseParallel)}
+        mesh = init_device_mesh("cpu", (comm.world_size,))
+        return inspect.unwrap(parallelize_module)(copy.deepcopy(mlp), mesh, plan)
+    """) + "\n\n"
+
 LAB06_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
     "imports_lib_dist": ({
         "q1-solution": "from lib_dist.tensor_parallel import CopyToRanks, ReduceFromRanks\n",
@@ -41,13 +63,32 @@ LAB06_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
     # the solution's ParallelAttention, kept: its points stay
     "plans_with_torch": ({"q3-solution": TORCH_MLP + Q3[Q3.index("class ParallelAttention"):]},
                          {"q3-test-mlp", "q3-test-collectives", "q5-test-cluster"}),
-}
+    # row 4 of the catalog: torch's plan around its guard (parallelize_module unwrapped, its
+    # styles made with object.__new__ as subclasses whose methods are unwrapped)
+    "oracle_unwrapped": ({"q3-solution": TORCH_MLP_UNWRAPPED
+                          + Q3[Q3.index("class ParallelAttention"):]},
+                         {"q3-test-mlp", "q3-test-collectives", "q5-test-cluster"}),
+} | catalog(LAB06)
 
 
 lab06 = graded_lab(LAB06, LAB06_CHEATS)
 
 
-@pytest.mark.parametrize("student", sorted(LAB06_CHEATS))
+@pytest.mark.parametrize("student", sorted(catalog(LAB06)))
+def test_the_catalogs_cheats_score_zero(lab06, student):
+    check_catalog(lab06, LAB06, student)
+
+
+JUDGE_FAILS_THE_SOLUTION = pytest.mark.xfail(strict=True, reason=(
+    "the judge fails lab06's solution, untouched or handed in rearranged, on q5-test-cluster: "
+    "'Tampering: against_torch returned a AsyncCollectiveTensor, a subclass of torch.Tensor' "
+    "(the test's own comparison with torch's DTensor plan, on the engines, is checked as if "
+    "it were an answer)"))
+
+
+@pytest.mark.parametrize("student", [
+    pytest.param(s, marks=JUDGE_FAILS_THE_SOLUTION)
+    for s in sorted(set(LAB06_CHEATS) - set(catalog(LAB06)))])
 def test_lab06_cheats_score_zero(lab06, student):
     errors = check_cheat(lab06, LAB06, LAB06_CHEATS, student)
     off = "is lib_dist's own version, switched off while the lab is graded"
@@ -60,6 +101,7 @@ def test_lab06_cheats_score_zero(lab06, student):
             f"lib_dist.tensor_parallel.vocab_parallel_cross_entropy {off}"],
         "plans_with_torch": ["torch.distributed.tensor.parallel.ColwiseParallel is what the "
                              "tests compare with"],
+        "oracle_unwrapped": ["is what the tests compare with"],
     }[student]
     for text in expected:
         assert text in errors
