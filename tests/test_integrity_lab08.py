@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from lab_solutions import answer_source
-from integrity_grading import check_blank_release, check_cheat, code, graded_lab
+from integrity_grading import (catalog, check_blank_release, check_catalog, check_cheat, code,
+                               graded_lab)
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -48,13 +49,34 @@ LAB08_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
     # the synchronous server is the solution's: Q1 keeps its points
     "replays_the_oracle": ({"q1-solution": REPLAYS_THE_ORACLE},
                            {"q2-test-schedule", "q2-test-cluster"}),
-}
+    # row 4 of the catalog: the same, the oracle reached around its guard (inspect.unwrap)
+    "oracle_unwrapped": ({"q1-solution": "import inspect\n" + REPLAYS_THE_ORACLE.replace(
+        "lib_dist.parameter_server.replay_async(",
+        "inspect.unwrap(lib_dist.parameter_server.replay_async)(")},
+        {"q2-test-schedule", "q2-test-cluster"}),
+} | catalog(LAB08)
 
 
 lab08 = graded_lab(LAB08, LAB08_CHEATS)
 
 
-@pytest.mark.parametrize("student", sorted(LAB08_CHEATS))
+@pytest.mark.parametrize("student", sorted(catalog(LAB08)))
+def test_the_catalogs_cheats_score_zero(lab08, student):
+    check_catalog(lab08, LAB08, student)
+
+
+JUDGE_FAILS_THE_SOLUTION = pytest.mark.xfail(strict=True, reason=(
+    "the judge fails lab08's solution: q1-test-values, q2-test-schedule and q3-test-messages "
+    "expect a ValueError on a simulated rank, but SimulatedWorld's traceback.format_exc() in the "
+    "rank's thread reads tb_frame of the test's own frame (<q1-test-values>), the lockdown "
+    "raises Forbidden there, the thread dies and the error is never reported; and from "
+    "q3-test-values on, the seal reports torch.manual_seed, torch.int, torch.float and "
+    "torch.bool changed (Tampering) in every test"))
+
+
+@pytest.mark.parametrize("student", [
+    pytest.param(s, marks=JUDGE_FAILS_THE_SOLUTION)
+    for s in sorted(set(LAB08_CHEATS) - set(catalog(LAB08)))])
 def test_lab08_cheats_score_zero(lab08, student):
     errors = check_cheat(lab08, LAB08, LAB08_CHEATS, student)
     off = "is lib_dist's own version, switched off while the lab is graded"
@@ -72,6 +94,7 @@ def test_lab08_cheats_score_zero(lab08, student):
         # on simulated ranks, by schedule; and on an engine of the cluster, first come
         "replays_the_oracle": [f"rank 0: UsesOracle: {refused}, so your code may not use it",
                                f"lib_dist.integrity.oracles.UsesOracle: {refused}"],
+        "oracle_unwrapped": [refused],
     }[student]
     for text in expected:
         assert text in errors
