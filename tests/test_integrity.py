@@ -5,7 +5,14 @@ Each lab is released into a scratch course and graded once, in the sandbox, as
 `python -m grader autograde` does: the instructor's solution beside submissions that take
 lib_dist's own version of an answer, use what the tests compare with inside their own, or change
 it (torch, builtins, lib_dist, the lab's helpers) at top level, inside the answer, or for just
-long enough to fool one comparison."""
+long enough to fool one comparison. The judge grades them: only the answers' definitions are
+loaded, so what a cheat does at top level never runs (its answer is then just wrong).
+
+Every lab (lab00's here, the others' in their modules) also gets the catalog's cheats
+(`integrity_grading.catalog`): the untouched release with a cell that rigs the kernel, and the
+solution with every answer bound to lib_dist's own version reached around the stubs; lab01 a
+table of the visible tests' answers, lab02 torch's SGD reached around its guard. The solution
+is handed in with its last test cell deleted, another edited and a third moved."""
 
 from __future__ import annotations
 
@@ -15,8 +22,9 @@ import sys
 
 import pytest
 
-from integrity_grading import (check_blank_release, check_cheat, code, error_text,
-                               graded_lab)
+from grader import synthetic
+from integrity_grading import (catalog, check_blank_release, check_catalog, check_cheat, code,
+                               error_text, graded_lab, rearranged)
 from lib_dist.extend import LABS
 from lib_dist.integrity.stubs import lookup
 
@@ -24,6 +32,40 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 LAB01 = "lab01_cross_entropy"
+Q1_AND_Q2 = {"q1-test-values", "q1-test-stable", "q2-test-forward", "q2-test-backward",
+             "q2-test-gradcheck"}  # cross_entropy calls log_softmax
+
+
+def table_of_visible_answers(solved, blank):
+    """Row 6 of the catalog: log_softmax answered from a table of the solution's outputs for
+    the inputs of the release's (visible) tests, keyed by their bytes, raising for any other;
+    handed in rearranged (`rearranged`) where Q3 is tested. The hidden tests draw fresh seeds."""
+    from lab_solutions import solution
+
+    real, table = solution(LAB01, "log_softmax").log_softmax, {}
+
+    def recording(z, dim=-1):
+        out = real(z, dim=dim)
+        table[(z.numpy().tobytes().hex(), str(z.dtype), tuple(z.shape), dim)] = out.tolist()
+        return out
+
+    namespace = {"log_softmax": recording}
+    for cell in blank.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") in ("setup", "q1-test-values",
+                                                                 "q1-test-stable"):
+            exec(cell.source, namespace)  # noqa: S102 - the release's own visible tests
+    assert len(table) >= 5, table.keys()
+    answer = f"TABLE = {table!r}\n\n" + code("""
+        def log_softmax(logits, dim=-1):
+            key = (logits.detach().numpy().tobytes().hex(), str(logits.dtype),
+                   tuple(logits.shape), dim)
+            if key not in TABLE:
+                raise KeyError("not one of the visible tests' inputs")
+            return torch.tensor(TABLE[key], dtype=logits.dtype)
+        """)
+    return rearranged(frozenset(Q1_AND_Q2))(synthetic.with_cell(solved, "q1-solution", answer))
+
+
 LAB01_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
     "imports_reference": ({"q1-solution": "from lib_dist.losses import log_softmax\n",
                            "q3-solution": "from lib_dist.losses import "
@@ -35,7 +77,7 @@ LAB01_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
             return logits
         torch.log_softmax = lambda z, dim=-1: z
         torch.Tensor.__sub__ = lambda a, b: torch.zeros_like(a)
-        """)}, "all"),
+        """)}, Q1_AND_Q2),
     "patches_inside_answer": ({"q3-solution": code("""
         import torch
         import torch.nn.functional as F
@@ -79,8 +121,12 @@ LAB01_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
         sys.modules["lib_dist.losses"] = saved
         def log_softmax(logits, dim=-1):
             return fresh.log_softmax(logits, dim)
-        """)}, "all"),  # the fresh copy could serve any later answer
-}
+        """)}, Q1_AND_Q2),
+    "table_of_visible_answers": (table_of_visible_answers, Q1_AND_Q2),
+} | catalog(LAB01)
+
+LAB00 = "lab00_ranks"  # its solution, release and hostile submissions: tests/test_grader.py
+LAB00_CHEATS = catalog(LAB00)
 
 LAB03 = "lab03_collectives"
 DO_NOTHING = {
@@ -127,9 +173,10 @@ LAB03_CHEATS = {
             lib_dist.comm.trace.Trace.summary = lambda self: {}
             return tensor
         """)}, "all"),
-}
+} | catalog(LAB03)
 
 LAB02 = "lab02_training"
+Q1 = {"q1-test-torch", "q1-test-state"}
 LAB02_CHEATS = {
     "optimizer_is_torchs": ({"q1-solution": "import torch\nclass SGD(torch.optim.SGD):\n    pass\n",
                              "q2-solution": "class AdamW:\n    pass\n"},
@@ -148,12 +195,35 @@ LAB02_CHEATS = {
                 if group["momentum"]:
                     state["momentum_buffer"] = torchs.state[p]["momentum_buffer"]
         """), "q2-solution": "class AdamW:\n    pass\n"}, {"q1-test-torch", "q1-test-state"}),
-}
+    # row 4 of the catalog: torch's SGD built and stepped around its guard (inspect.unwrap of
+    # the guard's wrappers); handed in rearranged where AdamW and accumulated_step are tested
+    "oracle_unwrapped": (lambda solved, blank: rearranged(frozenset(Q1))(
+        synthetic.with_cell(solved, "q1-solution", code("""
+        import inspect
+        import torch
+        class SGD(Optimizer):
+            def __init__(self, params, lr, momentum=0.0, weight_decay=0.0):
+                super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+            def update(self, p, grad, state, group):
+                torchs = object.__new__(torch.optim.SGD)
+                inspect.unwrap(torch.optim.SGD.__init__)(
+                    torchs, [p], lr=group["lr"], momentum=group["momentum"],
+                    weight_decay=group["weight_decay"])
+                if "momentum_buffer" in state:
+                    torchs.state[p]["momentum_buffer"] = state["momentum_buffer"]
+                with torch.no_grad():
+                    inspect.unwrap(torch.optim.SGD.step)(torchs)
+                if group["momentum"]:
+                    state["momentum_buffer"] = torchs.state[p]["momentum_buffer"]
+        """))), Q1),
+} | catalog(LAB02)
 
 
+lab00 = graded_lab(LAB00, LAB00_CHEATS, solution=False, release=False)
 lab01 = graded_lab(LAB01, LAB01_CHEATS)
 lab03 = graded_lab(LAB03, LAB03_CHEATS)
-# The solution's 300-step GPT run is graded by test_grader's check test: here, the cheat.
+# The solution's 300-step GPT run is graded by test_grader's check test; here the cheats, one
+# of which (oracle_unwrapped) trains it with the solution's AdamW.
 lab02 = graded_lab(LAB02, LAB02_CHEATS, solution=False)
 
 
@@ -162,27 +232,52 @@ def test_the_blank_release_scores_zero(lab, request):
     check_blank_release(request.getfixturevalue(lab))
 
 
-@pytest.mark.parametrize("student", sorted(LAB01_CHEATS))
+LABS_BY = {"lab00": LAB00, "lab01": LAB01, "lab02": LAB02, "lab03": LAB03}
+
+
+@pytest.mark.parametrize("lab, student", [(lab, student) for lab, cheats in [
+    ("lab00", LAB00_CHEATS), ("lab01", LAB01_CHEATS), ("lab02", LAB02_CHEATS),
+    ("lab03", LAB03_CHEATS)] for student in sorted(cheats) if student in catalog(LABS_BY[lab])])
+def test_the_catalogs_cheats_score_zero(lab, student, request):
+    check_catalog(request.getfixturevalue(lab), LABS_BY[lab], student)
+
+
+RELOADS_TORCH = pytest.mark.xfail(strict=True, reason=(
+    "lib_dist.definitions loads only the LAST binding of a name: these cheats' Q3 cell says "
+    "`import torch` again, so CrossEntropy (Q2, whose class statement needs torch) runs before "
+    "any binding of torch and 'could not be loaded: NameError', costing Q2's tests too "
+    "(tests/test_judge.py::test_a_later_cell_importing_again_costs_no_earlier_answer)"))
+
+
+@pytest.mark.parametrize("student", [
+    pytest.param(s, marks=RELOADS_TORCH) if s in ("patches_inside_answer",
+                                                  "patch_that_restores_itself") else s
+    for s in sorted(set(LAB01_CHEATS) - set(catalog(LAB01)))])
 def test_lab01_cheats_score_zero(lab01, student):
     errors = check_cheat(lab01, LAB01, LAB01_CHEATS, student)
     expected = {"imports_reference": "lib_dist.losses.log_softmax is lib_dist's own version",
-                "patches_at_top_level": "torch.log_softmax, torch.Tensor.__sub__",
+                # the patches are top-level code, which the judge never runs: the answer is wrong
+                "patches_at_top_level": "differs from torch.log_softmax",
                 "patches_inside_answer": "torch.allclose, "
                                          "torch.nn.functional.binary_cross_entropy_with_logits",
                 "patch_that_restores_itself": "when binary_cross_entropy_with_logits returned",
                 "returns_a_tensor_subclass": "log_softmax returned a AlwaysClose, a subclass "
                                              "of torch.Tensor",
                 "reloads_the_reference": "lib_dist.losses",
-                "imports_a_fresh_copy_of_the_reference": "a re-execution of",
+                # the judge loads answers only: the top-level swap of sys.modules never ran
+                "imports_a_fresh_copy_of_the_reference": "lib_dist.losses.log_softmax is "
+                                                         "lib_dist's own version",
+                "table_of_visible_answers": "KeyError: \"not one of the visible tests' inputs\"",
                 }[student]
     assert expected in errors
 
 
-@pytest.mark.parametrize("student", sorted(LAB03_CHEATS))
+@pytest.mark.parametrize("student", sorted(set(LAB03_CHEATS) - set(catalog(LAB03))))
 def test_lab03_cheats_score_zero(lab03, student):
     errors = check_cheat(lab03, LAB03, LAB03_CHEATS, student)
     expected = {"wraps_the_reference_ring": "lib_dist.comm.algorithms.ring is lib_dist's own",
-                "does_nothing_but_patches_comparisons": "torch.Tensor.__eq__",
+                # top-level patches: never run; the answers do nothing
+                "does_nothing_but_patches_comparisons": "should hold the root's",
                 "does_nothing_but_redefines_helpers": "should hold the root's",
                 "does_nothing_in_a_cell_dressed_as_the_labs": "should hold the root's",
                 "does_nothing_but_patches_the_trace": "lib_dist.comm.trace.Trace.summary",
@@ -190,7 +285,7 @@ def test_lab03_cheats_score_zero(lab03, student):
     assert expected in errors
 
 
-@pytest.mark.parametrize("student", sorted(LAB02_CHEATS))
+@pytest.mark.parametrize("student", ["optimizer_is_torchs", "optimizer_delegates_to_torchs"])
 def test_lab02_an_oracle_is_no_answer(lab02, student):
     course, scores = lab02
     got = scores[student]
@@ -200,6 +295,14 @@ def test_lab02_an_oracle_is_no_answer(lab02, student):
                "optimizer_delegates_to_torchs": "torch.optim.SGD is what the tests compare with"}
     assert (f"lab02_training asks you to write SGD yourself: {because[student]}"
             in error_text(course, LAB02, student))
+
+
+def test_lab02_an_oracle_reached_around_its_guard_is_no_answer(lab02):
+    """Row 4 of the catalog: torch's SGD built with `object.__new__` and its guarded
+    `__init__` and `step` unwrapped; the rest of the lab (AdamW, accumulated_step, the GPT run
+    of the deleted last test) keeps its points."""
+    errors = check_cheat(lab02, LAB02, LAB02_CHEATS, "oracle_unwrapped")
+    assert "torch.optim.SGD is what the tests compare with" in errors, errors[-3000:]
 
 
 def test_every_lab_declares_names_its_solution_defines_and_references_that_exist():
