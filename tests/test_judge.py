@@ -7,7 +7,8 @@ the judge's process cannot change that: an answer that raises fails its test eve
 dependencies replaced every exception hook there is; lines that look like verdicts, written to
 every open file descriptor, are not verdicts; and the ways Python offers into another
 function's state (frames, the garbage collector, ctypes, tracing, `/proc/self/mem`, writing a
-function's `__code__`) are refused. Each such refusal fails the test it happened in, and a
+function's `__code__`) are refused, while lib_dist's and torch's own uses of frames (a rank's
+traceback, a lazy import) still work. Each such refusal fails the test it happened in, and a
 test beside it that does nothing of the kind still passes, so the refusals are what failed
 them. (tests/test_integrity*.py grade whole labs.)
 """
@@ -209,37 +210,26 @@ WALKS = ["f_back", "stack", "traceback"]  # up from the answer's own frame, by f
 
 def reached(tmp_path, ways: list[str]) -> tuple[Judgement, list[Cell]]:
     """Each way in a test of its own whose local `expected` the answer tries to return; beside
-    them, a test that does nothing of the kind, and one that checks assert_close still fails."""
+    them, a test that does nothing of the kind."""
     cells = [Cell("setup", "import torch\n", False)]
     cells += [Cell(way, f"expected = 42\nassert log_softmax({way!r}) == expected\n", True)
               for way in ways]
-    cells += [Cell("honest", "expected = 42\nassert 6 * 7 == expected\n", True),
-              Cell("assert_close", "import torch.testing\n"
-                                   "try:\n    torch.testing.assert_close(torch.ones(1), "
-                                   "torch.zeros(1))\nexcept AssertionError:\n    pass\n"
-                                   "else:\n    raise AssertionError('assert_close changed')\n",
-                   True)]
+    cells += [Cell("honest", "expected = 42\nassert 6 * 7 == expected\n", True)]
     return judged(tmp_path, REACHING, cells), cells
 
 
 def test_the_ways_into_another_functions_state_are_refused(tmp_path):
     found, cells = reached(tmp_path, WAYS)
-    assert outcome(found, cells) == dict.fromkeys(WAYS, False) | {"honest": True,
-                                                                 "assert_close": True}
+    assert outcome(found, cells) == dict.fromkeys(WAYS, False) | {"honest": True}
     for way in WAYS:
         assert "Forbidden: the judge does not allow" in said(found, cells, way), (
             way, said(found, cells, way))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "lockdown refuses f_back only through the 'object.__getattr__' audit event, which CPython "
-    "3.11 does not raise for frame.f_back: an answer walks up from its own frame "
-    "(inspect.currentframe().f_back, inspect.stack(), a traceback's tb_frame.f_back) into the "
-    "test's frame and returns its local `expected`; all three tests pass"))
 def test_walking_up_from_the_answers_own_frame_is_refused(tmp_path):
+    """f_back from the answer's own frame (inspect.currentframe, inspect.stack, a traceback)."""
     found, cells = reached(tmp_path, WALKS)
-    assert outcome(found, cells) == dict.fromkeys(WALKS, False) | {"honest": True,
-                                                                  "assert_close": True}
+    assert outcome(found, cells) == dict.fromkeys(WALKS, False) | {"honest": True}
 
 
 def test_the_judge_runs_with_the_edition_first(tmp_path):
@@ -254,11 +244,6 @@ def test_the_judge_runs_with_the_edition_first(tmp_path):
     assert sys.executable  # the judge ran under this interpreter
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "lib_dist.definitions runs only the LAST statement binding each name a definition uses, "
-    "in notebook order: a student who imports a module again in a later cell loses every "
-    "earlier answer that needs it at definition time (NameError); the judge then reports it "
-    "'could not be loaded' (lab01: `import torch` in Q3's cell costs CrossEntropy, Q2)"))
 def test_a_later_cell_importing_again_costs_no_earlier_answer():
     from lib_dist.definitions import definitions_in
 
@@ -267,12 +252,6 @@ def test_a_later_cell_importing_again_costs_no_earlier_answer():
     assert definitions_in(cells, "circumference").circumference(1) == 2 * math.pi
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "lockdown refuses tb_frame into a test's frame even to lib_dist's own code: "
-    "SimulatedWorld's rank thread calls traceback.format_exc() on the answer's error, whose "
-    "traceback passes through the test's lambda (<on-ranks>); Forbidden is raised inside its "
-    "except clause, the thread dies, and no rank's error is reported (lab08's solution loses "
-    "q1-test-values, q2-test-schedule and q3-test-messages this way)"))
 def test_an_answer_raising_on_a_simulated_rank_is_that_ranks_error(tmp_path):
     cells = [Cell("setup", "import torch\nfrom lib_dist.comm import SimulatedWorld\n"
                            "from lib_dist.errors import RankFailure\n", False),
@@ -287,3 +266,18 @@ def test_an_answer_raising_on_a_simulated_rank_is_that_ranks_error(tmp_path):
     found = judged(tmp_path, "def log_softmax(logits, dim=-1):\n    raise ValueError('no')\n",
                    cells)
     assert outcome(found, cells) == {"on-ranks": True}, said(found, cells, "on-ranks")
+
+
+def test_a_failing_comparison_raises_its_own_error(tmp_path):
+    """What the lockdown refuses is the student's: torch's own failing assert_close (which
+    imports torch.distributed.tensor lazily) still raises its AssertionError."""
+    cells = [Cell("setup", "import torch\n", False),
+             Cell("assert_close", code("""
+                 import torch.testing
+                 try:
+                     torch.testing.assert_close(torch.ones(1), torch.zeros(1))
+                 except AssertionError:
+                     pass
+                 """), True)]
+    found = judged(tmp_path, "def log_softmax(logits, dim=-1):\n    return logits\n", cells)
+    assert outcome(found, cells) == {"assert_close": True}, said(found, cells, "assert_close")
