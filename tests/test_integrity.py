@@ -242,17 +242,7 @@ def test_the_catalogs_cheats_score_zero(lab, student, request):
     check_catalog(request.getfixturevalue(lab), LABS_BY[lab], student)
 
 
-RELOADS_TORCH = pytest.mark.xfail(strict=True, reason=(
-    "lib_dist.definitions loads only the LAST binding of a name: these cheats' Q3 cell says "
-    "`import torch` again, so CrossEntropy (Q2, whose class statement needs torch) runs before "
-    "any binding of torch and 'could not be loaded: NameError', costing Q2's tests too "
-    "(tests/test_judge.py::test_a_later_cell_importing_again_costs_no_earlier_answer)"))
-
-
-@pytest.mark.parametrize("student", [
-    pytest.param(s, marks=RELOADS_TORCH) if s in ("patches_inside_answer",
-                                                  "patch_that_restores_itself") else s
-    for s in sorted(set(LAB01_CHEATS) - set(catalog(LAB01)))])
+@pytest.mark.parametrize("student", sorted(set(LAB01_CHEATS) - set(catalog(LAB01))))
 def test_lab01_cheats_score_zero(lab01, student):
     errors = check_cheat(lab01, LAB01, LAB01_CHEATS, student)
     expected = {"imports_reference": "lib_dist.losses.log_softmax is lib_dist's own version",

@@ -192,11 +192,6 @@ BUGS = {
         "torch's DistributedSampler made with object.__new__ and its guarded __init__, "
         "set_epoch, __iter__ and __len__ unwrapped (inspect.unwrap) is not refused inside an "
         "answer: the cheat scores full marks")),
-    "subclasses_lib_dist": pytest.mark.xfail(strict=True, reason=(
-        "scores as expected, but ShardSampler 'could not be loaded: NameError' instead of being "
-        "refused as lib_dist's: lib_dist.definitions runs only the last `import lib_dist...` "
-        "(DataParallel's cell), after ShardSampler's class statement (tests/test_judge.py::"
-        "test_a_later_cell_importing_again_costs_no_earlier_answer)")),
 }
 
 
