@@ -49,8 +49,7 @@ def run(edition, answers, cells, timeout=60.0, tmp_path=None):
 
 
 REACHING = {
-    "frames": "import sys\nf = sys._getframe(0)\nwhile f is not None:\n    f = f.f_back\n",
-    "inspect": "import inspect\ninspect.stack()\n",
+    "frames": "import sys\nfor depth in range(64):\n    sys._getframe(depth).f_locals\n",
     "gc": "import gc\ngc.get_objects()\n",
     "ctypes": "import ctypes\nctypes.string_at(id(1), 8)\n",
     "code": "import torch\ntorch.testing.assert_close.__code__ = (lambda *a, **k: None).__code__\n",

@@ -78,7 +78,8 @@ def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
                                                          for c in cells})
     string_io = io.StringIO
     _make_undumpable()
-    permit = lockdown.lock_down()
+    permit = lockdown.lock_down({__file__, guard_module.__file__,
+                                 *(f"<{cell['name']}>" for cell in cells)})
     frameless(permit)  # before the seals: formatting a traceback hands out no frame
     strictly = seal.seal(_sealed(judge.snapshot), snapshot.UNWATCHED, snapshot.CLASS_CACHES,
                          snapshot.LAZY_REBINDINGS)

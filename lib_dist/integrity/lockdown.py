@@ -6,13 +6,13 @@ may read. The answers run in the same process, so the judge closes the ways Pyth
 reach another function's state or to change code that is already running, with an audit hook
 (PEP 578: a hook cannot be removed, and one that raises stops the operation):
 
-- frames: no frame object can be had at all (`sys._getframe`, a traceback's `tb_frame`, a
-  generator's or coroutine's frame, `sys._current_frames`). Python 3.11 does not audit a
-  frame's `f_back`, so from any frame of the judging thread a submission could walk up to the
-  judge's own and read its locals: it must never hold one. The refusal is also a `ValueError`,
-  which is what the standard library's own callers of `sys._getframe`
-  (`collections.namedtuple`, `typing`, `enum`, `logging`) expect when there is no frame to be
-  had;
+- frames: a frame of the judge's own code or of a locked cell (whose locals hold what a test
+  compares with) is not handed out by `sys._getframe`, a traceback's `tb_frame` or a
+  generator's frame, and `sys._current_frames` not at all. The refusal is also a `ValueError`,
+  which is what the standard library's own callers of `sys._getframe` (`namedtuple`,
+  `typing`, `enum`, `logging`) expect when there is no frame to be had. Python 3.11 does not
+  audit a frame's `f_back`, so a submission that walks up from a frame of its own still
+  reaches those frames: the gap the README names;
 - the garbage collector's views of every object (`gc.get_objects`, `get_referrers`,
   `get_referents`), tracing and profiling hooks (`sys.settrace`, `sys.setprofile`), `ctypes`
   (which reads and writes memory), and `/proc/*/mem`;
@@ -34,13 +34,12 @@ import gc
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 FRAME_ATTRIBUTES = frozenset({"f_back", "tb_frame", "gi_frame", "cr_frame", "ag_frame"})
-FRAMES = frozenset({"sys._getframe", "sys._current_frames"})
 DEFAULTS = frozenset({"__defaults__", "__kwdefaults__"})
-ALWAYS = frozenset({"gc.get_objects", "gc.get_referrers",
+ALWAYS = frozenset({"sys._current_frames", "gc.get_objects", "gc.get_referrers",
                     "gc.get_referents", "sys.settrace", "sys.setprofile", "os.symlink",
                     "os.link"})
 
@@ -49,13 +48,15 @@ class Forbidden(PermissionError, ValueError):
     """The student's code tried something the judge does not allow in its process."""
 
 
-def lock_down() -> Callable[[bool], None]:
+def lock_down(protected_files: Collection[str]) -> Callable[[bool], None]:
     """Install the judge's audit hook; `permit(True)` ... `permit(False)` opens and closes a
     span in which this thread is not refused (the judge's own reading of tracebacks; keep it
-    out of student code's reach, and call nothing a submission can rebind in between)."""
+    out of student code's reach, and call nothing a submission can rebind in between).
+    `protected_files`: the `co_filename`s of code whose frames are out of reach (the judge's
+    modules and the locked cells' names, `<q1-test>`...)."""
     busy = threading.local()  # set: this thread is the hook itself, or the judge, permitted
     existing = [f for f in gc.get_objects() if type(f) is types.FunctionType]  # kept alive
-    sys.addaudithook(_policy(busy, existing))
+    sys.addaudithook(_policy(frozenset(protected_files), busy, existing))
 
     def permit(on: bool) -> None:
         busy.on = on
@@ -63,13 +64,17 @@ def lock_down() -> Callable[[bool], None]:
     return permit
 
 
-def _policy(busy: Any, existing: list[types.FunctionType]) -> Callable[[str, tuple[Any, ...]], None]:
+def _policy(protected: frozenset[str], busy: Any,
+            existing: list[types.FunctionType]) -> Callable[[str, tuple[Any, ...]], None]:
     # What the hook calls is captured now: a submission may rebind builtins or `types` later.
-    decoded = bytes.decode
+    is_frame, decoded = types.FrameType.__instancecheck__, bytes.decode
     getattr_, isinstance_, str_, bytes_ = builtins.getattr, builtins.isinstance, str, bytes
     function_type, forbidden = types.FunctionType, Forbidden
-    always, frames, frame_attributes, defaults = ALWAYS, FRAMES, FRAME_ATTRIBUTES, DEFAULTS
+    always, frame_attributes, defaults = ALWAYS, FRAME_ATTRIBUTES, DEFAULTS
     id_, old_functions = builtins.id, frozenset(builtins.id(f) for f in existing)
+
+    def protected_frame(frame: Any) -> bool:
+        return is_frame(frame) and frame.f_code.co_filename in protected
 
     def refuse(what: str) -> None:
         raise forbidden(f"the judge does not allow {what} while a lab is graded: tests run "
@@ -84,10 +89,11 @@ def _policy(busy: Any, existing: list[types.FunctionType]) -> Callable[[str, tup
                 refuse(event)
             elif event.startswith("ctypes."):
                 refuse("ctypes")
-            elif event in frames:
-                refuse(f"{event}: no frame is handed out here")
+            elif event == "sys._getframe" and protected_frame(args[0]):
+                refuse("sys._getframe into the judge's or a test's frame")
             elif event == "object.__getattr__" and args[1] in frame_attributes:
-                refuse(f"{args[1]}: no frame is handed out here")
+                if protected_frame(getattr_(args[0], args[1], None)):
+                    refuse(f"{args[1]} into the judge's or a test's frame")
             elif (event in ("object.__setattr__", "object.__delattr__")
                   and isinstance_(args[0], function_type)
                   and (args[1] == "__code__"
