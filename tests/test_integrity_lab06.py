@@ -79,16 +79,7 @@ def test_the_catalogs_cheats_score_zero(lab06, student):
     check_catalog(lab06, LAB06, student)
 
 
-JUDGE_FAILS_THE_SOLUTION = pytest.mark.xfail(strict=True, reason=(
-    "the judge fails lab06's solution, untouched or handed in rearranged, on q5-test-cluster: "
-    "'Tampering: against_torch returned a AsyncCollectiveTensor, a subclass of torch.Tensor' "
-    "(the test's own comparison with torch's DTensor plan, on the engines, is checked as if "
-    "it were an answer)"))
-
-
-@pytest.mark.parametrize("student", [
-    pytest.param(s, marks=JUDGE_FAILS_THE_SOLUTION)
-    for s in sorted(set(LAB06_CHEATS) - set(catalog(LAB06)))])
+@pytest.mark.parametrize("student", sorted(set(LAB06_CHEATS) - set(catalog(LAB06))))
 def test_lab06_cheats_score_zero(lab06, student):
     errors = check_cheat(lab06, LAB06, LAB06_CHEATS, student)
     off = "is lib_dist's own version, switched off while the lab is graded"

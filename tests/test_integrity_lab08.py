@@ -65,18 +65,7 @@ def test_the_catalogs_cheats_score_zero(lab08, student):
     check_catalog(lab08, LAB08, student)
 
 
-JUDGE_FAILS_THE_SOLUTION = pytest.mark.xfail(strict=True, reason=(
-    "the judge fails lab08's solution: q1-test-values, q2-test-schedule and q3-test-messages "
-    "expect a ValueError on a simulated rank, but SimulatedWorld's traceback.format_exc() in the "
-    "rank's thread reads tb_frame of the test's own frame (<q1-test-values>), the lockdown "
-    "raises Forbidden there, the thread dies and the error is never reported; and from "
-    "q3-test-values on, the seal reports torch.manual_seed, torch.int, torch.float and "
-    "torch.bool changed (Tampering) in every test"))
-
-
-@pytest.mark.parametrize("student", [
-    pytest.param(s, marks=JUDGE_FAILS_THE_SOLUTION)
-    for s in sorted(set(LAB08_CHEATS) - set(catalog(LAB08)))])
+@pytest.mark.parametrize("student", sorted(set(LAB08_CHEATS) - set(catalog(LAB08))))
 def test_lab08_cheats_score_zero(lab08, student):
     errors = check_cheat(lab08, LAB08, LAB08_CHEATS, student)
     off = "is lib_dist's own version, switched off while the lab is graded"

@@ -139,13 +139,14 @@ def _after_answer(guard: int, name: str, result: Any) -> Any:
 
 def require_plain(result: Any, name: str, depth: int = 0) -> None:
     """What an answer returns must compare as plain data: tensors that are torch.Tensor itself
-    (or a Parameter), and no object whose class changes how it compares, counts or iterates
+    (or a Parameter, or one of torch's own subclasses), and no object whose class changes how it compares, counts or iterates
     (`__eq__` always true, a list whose `__len__` lies) unless that class is Python's,
     torch's or lib_dist's own, the lab's (`know_classes`), or one the lab asks for."""
     if depth > 8:
         return
     kind = type(result)
-    if isinstance(result, torch.Tensor) and kind not in _PLAIN:
+    if (isinstance(result, torch.Tensor) and kind not in _PLAIN
+            and kind.__module__.split(".")[0] != "torch"):  # torch's DTensor and its kin
         raise Tampering(f"{name} returned a {kind.__qualname__}, a subclass of "
                         f"torch.Tensor; return a plain torch.Tensor")
     if kind not in _PLAIN and (changed := _changed_behaviour(kind)):

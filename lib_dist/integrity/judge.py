@@ -196,11 +196,18 @@ def _describer(sources: dict[str, str]) -> Any:
 
 
 def _line_of(sources: dict[str, str], file: str, line: int) -> str:
+    """The cell's line `line`, quoted, unless it is part of a hidden test."""
     text = sources.get(file)
     if text is None:
         return ""
-    lines = text.splitlines()
-    return f"    {lines[line - 1].strip()}\n" if 0 < line <= len(lines) else ""
+    lines, hidden = text.splitlines(), False
+    for number, content in enumerate(lines[:line], start=1):
+        if "### BEGIN HIDDEN TESTS" in content:
+            hidden = True
+        elif "### END HIDDEN TESTS" in content:
+            hidden = number == line  # the marker itself is not quoted either
+    return (f"    {lines[line - 1].strip()}\n" if 0 < line <= len(lines) and not hidden
+            else "")
 
 
 def _close_stdin() -> None:
