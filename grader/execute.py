@@ -37,7 +37,7 @@ from lib_dist.patience import load_seen, stretched
 
 from .edition import judged_edition
 from .judged import judge_notebook
-from .sandbox import SandboxedKernelManager, StandbyKernelManager, _with_engines_started
+from .sandbox import SandboxedKernelManager, StandbyKernelManager, with_engines_started
 
 RECOVERY_SECONDS = 10
 
@@ -93,7 +93,7 @@ class GradedExecute(Execute):
             def launch(argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
                 env.pop("LIB_DIST_GRADED_LAB", None)
                 path = [str(edition), *filter(None, [env.get("PYTHONPATH")])]
-                return _with_engines_started(argv, lab), env | {"PYTHONPATH": ":".join(path)}
+                return with_engines_started(argv, lab), env | {"PYTHONPATH": ":".join(path)}
             return judge_notebook(nb, resources, lab, release, cwd, launch, self.timeout,
                                   self._log)
         sandbox = SandboxedKernelManager(parent=self, edition=str(edition))

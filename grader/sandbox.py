@@ -64,13 +64,13 @@ def unavailable() -> str | None:
 
 
 class StandbyKernelManager(AsyncKernelManager):
-    """A kernel started beside the standbys of its lab's cluster (`_with_engines_started`):
+    """A kernel started beside the standbys of its lab's cluster (`with_engines_started`):
     what grading without the sandbox uses."""
 
     lab = Unicode("", help="the lab whose notebook the kernel runs")
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
-        await super()._async_launch_kernel(_with_engines_started(kernel_cmd, self.lab), **kw)
+        await super()._async_launch_kernel(with_engines_started(kernel_cmd, self.lab), **kw)
 
 
 class SandboxedKernelManager(AsyncKernelManager):
@@ -114,7 +114,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         if work.exists():  # a judge started again: a fresh copy of the submission's folder
             shutil.rmtree(work)
         shutil.copytree(cwd, work)
-        return (self._wrap(_with_engines_started(command, lab), cwd, work),
+        return (self._wrap(with_engines_started(command, lab), cwd, work),
                 _sandbox_env(env, _tuner_cache()))
 
     def release(self) -> None:
@@ -157,7 +157,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             shutil.rmtree(self.private, ignore_errors=True)
 
 
-def _with_engines_started(kernel_cmd: list[str], lab_name: str | None) -> list[str]:
+def with_engines_started(kernel_cmd: list[str], lab_name: str | None) -> list[str]:
     """The command, started beside an engine host in standby when the lab starts a cluster of
     engines: their import of torch then overlaps the command's."""
     from lib_dist.cluster import standby

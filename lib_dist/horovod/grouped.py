@@ -34,6 +34,15 @@ def _grouped(tensors: list[torch.Tensor], kind: str, name: str | None, single: S
                           lambda: [ops.synchronize(h) for h in handles])
 
 
+def _allreduce_each(tensors: list[torch.Tensor], name: str | None, start: Any, blocking: bool,
+                    average: bool | None, op: Any, prescale_factor: float,
+                    postscale_factor: float, process_set: Any) -> Any:
+    """The grouped allreduces that take no compression: `start` (in place or not) per tensor."""
+    return _grouped(tensors, "grouped_allreduce", name,
+                    lambda t, n: start(t, average, n, op, prescale_factor, postscale_factor,
+                                       process_set), blocking)
+
+
 def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None,
                       name: str | None = None, compression: type[Compressor] = NoneCompressor,
                       op: Any = None, prescale_factor: float = 1.0,
@@ -56,11 +65,8 @@ def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None,
                        postscale_factor: float = 1.0, process_set: Any = None
                        ) -> list[torch.Tensor]:
     """`allreduce_` of every tensor, in place, together."""
-    result: list[torch.Tensor] = _grouped(
-        tensors, "grouped_allreduce", name,
-        lambda t, n: ops.allreduce_async_(t, average, n, op, prescale_factor, postscale_factor,
-                                          process_set), True)
-    return result
+    return _allreduce_each(tensors, name, ops.allreduce_async_, True, average, op,
+                           prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = None,
@@ -68,11 +74,8 @@ def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = 
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: Any = None) -> int:
     """Start `grouped_allreduce`; `synchronize(handle)` returns the list."""
-    handle: int = _grouped(
-        tensors, "grouped_allreduce", name,
-        lambda t, n: ops.allreduce_async(t, average, n, op, prescale_factor, postscale_factor,
-                                         process_set), False)
-    return handle
+    return _allreduce_each(tensors, name, ops.allreduce_async, False, average, op,
+                           prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None = None,
@@ -80,11 +83,8 @@ def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None =
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Any = None) -> int:
     """Start `grouped_allreduce_`; `synchronize(handle)` returns the tensors, reduced."""
-    handle: int = _grouped(
-        tensors, "grouped_allreduce", name,
-        lambda t, n: ops.allreduce_async_(t, average, n, op, prescale_factor, postscale_factor,
-                                          process_set), False)
-    return handle
+    return _allreduce_each(tensors, name, ops.allreduce_async_, False, average, op,
+                           prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
