@@ -98,13 +98,17 @@ class GradedExecute(Execute):
                                   self._log)
         sandbox = SandboxedKernelManager(parent=self, edition=str(edition))
         try:
-            return judge_notebook(
+            nb = judge_notebook(
                 nb, resources, lab, release, cwd,
                 lambda argv, env: sandbox.sandboxed(argv, cwd, env, lab), self.timeout,
                 self._log, lambda: "the sandbox's memory limit" if sandbox.memory_limit_hit()
                 else "")
         finally:
             sandbox.release()
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                explain_limits(cell, sandbox)
+        return nb
 
     def create_kernel_manager(self):
         """nbclient's, knowing the lab: its engines start in standby beside the kernel."""

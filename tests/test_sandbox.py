@@ -24,9 +24,20 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 LAB = "lab00_ranks"
 FULL = 13
-SQUARE = "def square_of_rank(comm):\n    return comm.rank ** 2\n"
 
-WRITE_EVERY_DB = SQUARE + """
+def square_attacking(body: str) -> str:
+    """lab00's q1 answer, which first runs `body` in the judge's own process: there the hidden
+    test calls it on simulated ranks (a world size other than the cluster's 4). The judge loads
+    `attack` because the answer uses it; the student's top-level code runs nowhere."""
+    indented = "".join(f"    {line}\n" for line in body.strip("\n").splitlines())
+    return ("def square_of_rank(comm):\n"
+            "    if comm.rank == 0 and comm.world_size != 4:\n"
+            "        attack()\n"
+            "    return comm.rank ** 2\n\n\n"
+            f"def attack():\n{indented}")
+
+
+WRITE_EVERY_DB = square_attacking("""
 import os, sqlite3
 from pathlib import Path
 here = Path.cwd()
@@ -41,23 +52,23 @@ for path in set(candidates):
     except Exception:
         pass
 print("TOUCHED", sorted(touched))
-"""
-READ_SOLUTIONS = SQUARE + f"""
+""")
+READ_SOLUTIONS = square_attacking(f"""
 from pathlib import Path
 here = Path.cwd()
 course = here.parents[3]
 targets = [Path({str(REPO)!r}) / "solutions", course / "solutions", course / "instructor"]
 found = [str(p) for t in targets for p in t.rglob("*") if p.is_file() and here not in p.parents]
 print("FOUND", found)
-"""
-DETACHED = SQUARE + """
+""")
+DETACHED = square_attacking("""
 import subprocess
 print("SPAWNED", subprocess.Popen(["sleep", "1000"], start_new_session=True).pid)
-"""
-TOO_MUCH_MEMORY = SQUARE + """
+""")
+TOO_MUCH_MEMORY = square_attacking("""
 hog = bytearray(16 * 2**30)
-"""
-FORK_BOMB = SQUARE + """
+""")
+FORK_BOMB = square_attacking("""
 import os, time
 children = []
 try:
@@ -71,26 +82,38 @@ finally:
     for pid in children:
         os.waitpid(pid, 0)
     print("FORKED", len(children))
-"""
-BIG_FILE = SQUARE + """
+""")
+BIG_FILE = square_attacking("""
 with open("big.bin", "wb") as f:
     f.write(b"x" * (8 << 20))
-"""
-CACHE_WRITER = SQUARE + """
-import os
-from pathlib import Path
-cache = Path(os.environ["LIB_DIST_TUNER_CACHE"])
-written = []
-for path in [*cache.glob("tuner-*.json"), cache / "tuner-planted.json"]:
-    try:
-        path.write_text("{ corrupt")
-        written.append(path.name)
-    except OSError:
-        pass
-tuners = cluster.run(lambda comm: (comm.all_reduce(torch.ones(1)), comm.tuner)[1])
-print("WRITTEN", written, "ALPHA", repr(tuners[0].network.alpha), "SAME",
-      all(t == tuners[0] for t in tuners))
-print("THREADS", [torch.get_num_threads(), *cluster.run(lambda comm: torch.get_num_threads())])
+""")
+# on the engines (the visible test's cluster.run), each rank tries to overwrite the tuner's
+# cache and leaves what it saw in a file; the judge's simulated rank 0 (the hidden test) prints
+# them with its own thread count
+CACHE_WRITER = """
+def square_of_rank(comm):
+    import json, os
+    from pathlib import Path
+    import torch
+    if comm.world_size == 4:
+        cache = Path(os.environ["LIB_DIST_TUNER_CACHE"])
+        written = []
+        for path in [*cache.glob("tuner-*.json"), cache / "tuner-planted.json"]:
+            try:
+                path.write_text("{ corrupt")
+                written.append(path.name)
+            except OSError:
+                pass
+        comm.all_reduce(torch.ones(1))
+        seen = {"written": written, "alpha": repr(comm.tuner.network.alpha),
+                "tuner": repr(comm.tuner), "threads": torch.get_num_threads()}
+        Path(f"seen-{comm.rank}.json").write_text(json.dumps(seen))
+    elif comm.rank == 0:
+        seen = [json.loads(Path(f"seen-{r}.json").read_text()) for r in range(4)]
+        print("WRITTEN", sorted({w for s in seen for w in s["written"]}),
+              "ALPHA", seen[0]["alpha"], "SAME", all(s["tuner"] == seen[0]["tuner"] for s in seen))
+        print("THREADS", [torch.get_num_threads(), *(s["threads"] for s in seen)])
+    return comm.rank ** 2
 """
 
 
@@ -110,9 +133,10 @@ def hostile(tmp_path_factory):
 
 
 def q1_output(course: Course, student: str) -> str:
+    """What q1's test cell shows: the attack ran there, in the judge, when the test called it."""
     nb = nbformat.read(course.autograded_notebook(LAB, student), as_version=4)
     cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id")
-                == "q1-solution")
+                == "q1-test")
     return "\n".join(o.get("text", "") or f"{o.get('ename')}: {o.get('evalue')}"
                      for o in cell.outputs)
 
@@ -157,7 +181,7 @@ def test_too_much_memory_fails_that_cell_with_a_memory_limit_message(hostile):
     out = q1_output(course, "hog")
     assert "MemoryError" in out
     assert "memory limit (2048 MiB per process)" in out
-    assert total(course, "hog") == FULL  # every test, q1's too, still ran and scored
+    assert total(course, "hog") == FULL - 1  # only the test that ran the attack failed
 
 
 def test_a_fork_bomb_is_contained(hostile):
@@ -166,14 +190,14 @@ def test_a_fork_bomb_is_contained(hostile):
     forked = int(out.split("FORKED")[1].split()[0])
     assert 0 < forked < 400
     assert "process limit (400 processes and threads)" in out
-    assert total(course, "bomb") == FULL
+    assert total(course, "bomb") == FULL - 1
 
 
 def test_a_file_beyond_the_size_limit_fails_with_a_file_size_message(hostile):
     course, _ = hostile
     out = q1_output(course, "big_file")
     assert "File too large" in out and "file size limit (4 MiB per file)" in out
-    assert total(course, "big_file") == FULL
+    assert total(course, "big_file") == FULL - 1
 
 
 @pytest.fixture(scope="module")
