@@ -15,7 +15,7 @@ end to end:
 - `ops`, `gather`, `scatter`: allreduce, allgather, broadcast, alltoall, reducescatter (in
   place `_`, asynchronous `_async` with int handles, `synchronize`, `poll`), `barrier`,
   `join` (uneven batches); `grouped`: their grouped forms; `autograd`: the out-of-place forms,
-  differentiable;
+  differentiable; `sparse`: `sparse_allreduce_async` of sparse COO tensors;
 - `objects`: `broadcast_object`, `allgather_object`, `broadcast_parameters`,
   `broadcast_optimizer_state`;
 - `optimizer`: `DistributedOptimizer`, its Tensor Fusion (`HOROVOD_FUSION_THRESHOLD`);
@@ -55,7 +55,8 @@ from .negotiate import HorovodInternalError
 from .optimizer import DistributedOptimizer
 from .scatter import alltoall_async, reducescatter_async
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from .unsupported import SyncBatchNorm, sparse_allreduce_async
+from .sparse import sparse_allreduce_async
+from .unsupported import SyncBatchNorm
 
 __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "FP16Compressor",

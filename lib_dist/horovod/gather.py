@@ -18,13 +18,16 @@ from .process_sets import state_for
 
 # -- allgather ---------------------------------------------------------------------------
 
-def _allgather(tensor: torch.Tensor, name: str | None, process_set: Any, blocking: bool) -> Any:
-    s = state_for(process_set, "allgather")
-    _check_tensor(tensor, "allgather")
+def _allgather(tensor: torch.Tensor, name: str | None, process_set: Any, blocking: bool,
+               kind: str = "ALLGATHER", **agree: Any) -> Any:
+    """Start (or run, when `blocking`) one allgather; `kind` and `agree` (more that every
+    rank must give alike) are for the operations built on it (`sparse`)."""
+    s = state_for(process_set, kind.lower())
+    _check_tensor(tensor, kind.lower())
     name = s.auto_name("allgather", name)
     rows = tensor.detach().contiguous()
     rows = rows.reshape(1) if rows.dim() == 0 else rows
-    sig = negotiate.signature(rows)
+    sig = negotiate.signature(rows, **agree)
     sig["shape"] = ("*", *sig["shape"][1:])  # the first dimension may differ between ranks
 
     def run(infos: list[Any]) -> torch.Tensor:
@@ -32,7 +35,7 @@ def _allgather(tensor: torch.Tensor, name: str | None, process_set: Any, blockin
             return wire.all_gather_rows(s.comm, rows, f"allgather {name}")
         return wire.gather_rows(s.comm, rows, infos)
 
-    return start(s, "ALLGATHER", name, sig, rows.nbytes, run, lambda out: out, blocking,
+    return start(s, kind, name, sig, rows.nbytes, run, lambda out: out, blocking,
                  info=rows.shape[0])
 
 

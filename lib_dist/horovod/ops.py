@@ -223,5 +223,5 @@ def _check_tensor(tensor: Any, what: str) -> None:
         raise TypeError(f"{what} needs a torch.Tensor, got "
                         f"{'None' if tensor is None else type(tensor).__name__}")
     if tensor.is_sparse:
-        raise NotImplementedError(f"lib_dist.horovod does not support sparse tensors ({what}); "
-                                  f"call .to_dense() first")
+        raise NotImplementedError(f"{what} takes dense tensors, as Horovod's does; a sparse "
+                                  f"one goes through hvd.sparse_allreduce_async, or .to_dense()")

@@ -23,6 +23,13 @@ see the averaged gradients before stepping (unscaling a mixed-precision loss, cl
     with optimizer.skip_synchronize():
         optimizer.step()
 
+A gradient that comes back sparse (`nn.Embedding(..., sparse=True)`) is summed as a sparse
+tensor by `sparse_allreduce_async` (`sparse.SparseGradients`), or all-reduced dense with
+`sparse_as_dense=True`. Which parameters have sparse gradients is learned from the first step
+(a parameter does not say): in that step their places in the buckets carry nothing, and the
+buckets are then remade without them. Every rank must compute such a gradient in that first
+step (as in Horovod, where a rank that did not would stall the others).
+
 With one rank nothing is sent and no hook is set.
 """
 
@@ -44,6 +51,7 @@ from .basics import ReduceOp, State
 from .compression import Compressor, NoneCompressor
 from .ops import Average, Sum, reduce_op, timed
 from .process_sets import NotInProcessSet, state_for
+from .sparse import SparseGradients
 
 # the DistributedOptimizer hook on each parameter, by id (tensors compare elementwise, so they
 # cannot be keys of a WeakKeyDictionary); an entry goes when its parameter does
@@ -66,7 +74,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     op: `hvd.Average` (the default) or `hvd.Sum`.
     gradient_predivide_factor: with Average, divide by this before the sum and by
         size / factor after it (keeps fp16 sums of many ranks in range).
-    sparse_as_dense: send sparse gradients (sparse embeddings) as dense ones.
+    sparse_as_dense: all-reduce sparse gradients (sparse embeddings) as dense ones (each
+        parameter then gets a sparse gradient back); without it they are summed as sparse
+        tensors (`sparse.sparse_allreduce_async`), gradient_predivide_factor aside.
     """
     try:
         s, local = state_for(process_set, "DistributedOptimizer"), False
@@ -94,7 +104,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups, state, defaults
     wrapped._parameter_names = {p: n for n, p in named}  # as Horovod's (programs read it)
     wrapped._hvd = _GradientSync(s, named, compression, backward_passes_per_step,
-                                 op, gradient_predivide_factor, sparse_as_dense, local)
+                                 op, gradient_predivide_factor, sparse_as_dense, local,
+                                 process_set)
     return wrapped
 
 
@@ -143,9 +154,12 @@ class _GradientSync:
 
     def __init__(self, s: State, named: list[tuple[str, torch.Tensor]],
                  compression: type[Compressor], passes: int, op: ReduceOp,
-                 predivide: float, sparse_as_dense: bool, local: bool = False):
-        self.state, self.passes, self.sparse_as_dense = s, passes, sparse_as_dense
+                 predivide: float, sparse_as_dense: bool, local: bool = False,
+                 process_set: Any = None):
+        self.state, self.passes = s, passes
         self.name = s.auto_name("DistributedOptimizer", None)
+        self.sparse = SparseGradients(process_set, self.name, op, sparse_as_dense,
+                                      {id(p): n for n, p in named})
         self.should_synchronize = True
         self.synchronized = False
         self.pending = False  # a hook fired since the last synchronize
@@ -154,12 +168,18 @@ class _GradientSync:
         self.buckets: Buckets | None = None
         if s.comm.world_size == 1 or local:
             return
-        self.buckets = Buckets(
-            [p for _, p in named], s.comm, max(s.fusion_threshold, 1),
-            "avg" if op == Average else "sum", names=[n for n, _ in named],
-            prescale=1.0 / predivide, postscale=predivide,
-            compression=None if compression is NoneCompressor else compression(),
-            start=self._start)
+
+        def buckets(leave_out: dict[int, Any]) -> Buckets:
+            kept = [(n, p) for n, p in named if id(p) not in leave_out]
+            return Buckets(
+                [p for _, p in kept], s.comm, max(s.fusion_threshold, 1),
+                "avg" if op == Average else "sum", names=[n for n, _ in kept],
+                prescale=1.0 / predivide, postscale=predivide,
+                compression=None if compression is NoneCompressor else compression(),
+                start=self._start)
+
+        self.make_buckets = buckets
+        self.buckets = buckets({})
         for p in params:
             if p in self.buckets:
                 _hook(p, self._on_grad)
@@ -170,24 +190,31 @@ class _GradientSync:
             raise AssertionError(f"a gradient was computed more than backward_passes_per_step"
                                  f"={self.passes} times before optimizer.step(); raise "
                                  f"backward_passes_per_step to accumulate more passes locally")
-        if p.grad is not None and p.grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise NotImplementedError("lib_dist.horovod does not all-reduce sparse "
-                                          "gradients; use DistributedOptimizer(..., "
-                                          "sparse_as_dense=True)")
-            p.grad = p.grad.to_dense()
+        self.sparse.arrived(p)
         self.pending, self.synchronized = True, False
         self.delay[key] -= 1
         if self.delay[key] == 0 and self.buckets is not None:
-            self.buckets.mark_ready(p)
+            if not self.sparse.start(p):
+                self.buckets.mark_ready(p)
+            elif p in self.buckets:  # first seen sparse: in this step its place in the bucket
+                p.grad = None        # carries nothing, and the buckets are remade without it
+                self.buckets.mark_ready(p)
 
     def synchronize(self) -> None:
         try:
             if self.buckets is not None:
-                self.buckets.finish()
+                try:
+                    self.buckets.finish()
+                finally:
+                    self.sparse.finish()
         finally:
             self.delay = dict.fromkeys(self.delay, self.passes)
             self.pending = False
+        if self.sparse.learned and self.buckets is not None and not self.sparse.as_dense:
+            # every rank learned the same: a rank that had not started the same sparse
+            # all-reduces would have failed above
+            self.buckets = self.make_buckets(self.sparse.known)
+        self.sparse.learned = False
         self.synchronized = True
 
     def _start(self, sent: torch.Tensor, op: CommOp) -> Handle:

@@ -21,9 +21,7 @@ def _unsupported(name: str, hint: str) -> Callable[..., NoReturn]:
     return refuse
 
 
-sparse_allreduce_async = _unsupported(
-    "sparse_allreduce_async", "densify the gradient (DistributedOptimizer(sparse_as_dense=True))")
 SyncBatchNorm = _unsupported("SyncBatchNorm", "use torch.nn.SyncBatchNorm with a "
                              "torch.distributed group, or plain BatchNorm per rank")
 
-NAMES = ["sparse_allreduce_async", "SyncBatchNorm"]
+NAMES = ["SyncBatchNorm"]
