@@ -187,12 +187,7 @@ def test_the_catalogs_cheats_score_zero(lab04, student):
     check_catalog(lab04, LAB04, student)
 
 
-BUGS = {
-    "oracle_unwrapped": pytest.mark.xfail(strict=True, reason=(
-        "torch's DistributedSampler made with object.__new__ and its guarded __init__, "
-        "set_epoch, __iter__ and __len__ unwrapped (inspect.unwrap) is not refused inside an "
-        "answer: the cheat scores full marks")),
-}
+BUGS: dict[str, pytest.MarkDecorator] = {}  # cheats known to pass, none today
 
 
 @pytest.mark.parametrize("student", [

@@ -34,7 +34,7 @@ import weakref
 from typing import Any, Callable
 
 from ..extend import LABS
-from .stubs import ORIGINAL, AskedToWrite, lookup
+from .stubs import AskedToWrite, guards, lookup
 
 _running = threading.local()  # .answers: the answers running on this thread, outermost first
 _guarded: set[str] = set()  # oracles guarded in this process
@@ -124,7 +124,8 @@ def _guard_class(cls: type, refuse: Callable[[], None]) -> None:
         _remember(made)
         return made
 
-    setattr(__init__, ORIGINAL, init)
+    _hide(__init__, init)
+    _hide(__new__, new)
     cls.__init__ = __init__  # type: ignore[misc]
     cls.__new__ = staticmethod(__new__)  # type: ignore[assignment]
 
@@ -137,7 +138,7 @@ def _guarded_method(method: Callable[..., Any], cls: type,
             refuse()
         return method(self, *args, **kwargs)
 
-    setattr(guarded, ORIGINAL, method)
+    _hide(guarded, method)
     return guarded
 
 
@@ -151,10 +152,18 @@ def _guard_function(oracle: str, function: Callable[..., Any],
         refuse()
         return function(*args, **kwargs)
 
-    setattr(guarded, ORIGINAL, function)
+    _hide(guarded, function)
     raw = vars(owner).get(name)
     setattr(owner, name, type(raw)(guarded) if isinstance(raw, (staticmethod, classmethod))
             else guarded)
+
+
+def _hide(guard: Callable[..., Any], original: Callable[..., Any]) -> None:
+    """`guard` looks like `original` (name, docstring), but `inspect.unwrap` stops at it: no
+    `__wrapped__` leads past the guard."""
+    vars(guard).pop("__wrapped__", None)
+    if isinstance(original, types.FunctionType):
+        guards(guard, original)
 
 
 def _owner(module_name: str, qualname: str) -> Any:

@@ -14,12 +14,21 @@ from __future__ import annotations
 
 import importlib
 import types
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 from ..extend import LABS
 
 GRADED_LAB = "LIB_DIST_GRADED_LAB"
-ORIGINAL = "__lib_dist_original__"  # on `oracles`' wrappers: the function each one guards
+# `oracles`' wrappers -> the function each one guards; kept here rather than on the wrapper
+# (no `__wrapped__`), so that `inspect.unwrap` finds the guard, not what it guards
+_guarded_by: weakref.WeakKeyDictionary[Callable[..., Any], types.FunctionType] = (
+    weakref.WeakKeyDictionary())
+
+
+def guards(wrapper: Callable[..., Any], original: types.FunctionType) -> None:
+    """Note that `wrapper` guards `original` (for `resolve`)."""
+    _guarded_by[wrapper] = original
 
 
 class AskedToWrite(NotImplementedError):
@@ -45,8 +54,8 @@ def resolve(reference: str) -> types.FunctionType:
     """The function named by "package.module:Qual.name" (the one an oracle's guard wraps, where
     `oracles` guards it: lib_dist's `DataParallel.__init__` is a reference and an oracle's)."""
     obj = lookup(reference)
-    while isinstance(getattr(obj, ORIGINAL, None), types.FunctionType):
-        obj = getattr(obj, ORIGINAL)
+    while obj in _guarded_by:
+        obj = _guarded_by[obj]
     if not isinstance(obj, types.FunctionType):
         raise TypeError(f"{reference} is a {type(obj).__name__}; a lab's references are "
                         f"functions or methods")
