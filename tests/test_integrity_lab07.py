@@ -6,6 +6,8 @@ and the untouched release scores 0 (see tests/test_integrity.py for labs 01-03).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from integrity_grading import (catalog, check_blank_release, check_catalog, check_cheat, code,
@@ -68,8 +70,8 @@ TORCH_ZERO = code("""
     """)
 
 # Row 4 of the catalog: a LossScaler whose unscaling and update are GradScaler's own kernels,
-# reached around their guards: one through inspect.unwrap of the guard's wrapper, the other as
-# torch.ops.aten's alias of the same kernel.
+# reached around their guards: through inspect.unwrap of the guards, or through torch.ops.aten's
+# aliases of the same kernels (KERNEL stands for the route).
 GRAD_SCALERS_KERNELS = code("""
     import inspect
 
@@ -92,7 +94,7 @@ GRAD_SCALERS_KERNELS = code("""
             found = torch.zeros(())
             grads = [p.grad for g in optimizer.param_groups for p in g["params"]
                      if p.grad is not None]
-            inspect.unwrap(torch._amp_foreach_non_finite_check_and_unscale_)(
+            KERNEL(_amp_foreach_non_finite_check_and_unscale_)(
                 grads, found, self._scale.double().reciprocal().float())
             self._found[id(optimizer)] = self._any_rank(bool(found))
 
@@ -109,9 +111,9 @@ GRAD_SCALERS_KERNELS = code("""
 
         def update(self):
             found = torch.tensor(float(any(self._found.values())))
-            torch.ops.aten._amp_update_scale_(self._scale, self._tracker, found,
-                                              self.growth_factor, self.backoff_factor,
-                                              self.growth_interval)
+            KERNEL(_amp_update_scale_)(self._scale, self._tracker, found,
+                                       self.growth_factor, self.backoff_factor,
+                                       self.growth_interval)
             self._found.clear()
             self._stepped.clear()
 
@@ -139,7 +141,10 @@ LAB07_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
                     {"q1-test-decisions", "q1-test-unscale", "q2-test-training",
                      "q3-test-agreement", "q4-test-values", "q4-test-memory",
                      "q4-test-traffic", "q5-test-cluster"}),
-    "oracle_unwrapped": ({"q1-solution": GRAD_SCALERS_KERNELS}, LOSS_SCALER),
+    "oracle_unwrapped": ({"q1-solution": re.sub(r"KERNEL\((\w+)\)", r"inspect.unwrap(torch.\1)",
+                                                GRAD_SCALERS_KERNELS)}, LOSS_SCALER),
+    "kernels_through_aten": ({"q1-solution": re.sub(r"KERNEL\((\w+)\)", r"torch.ops.aten.\1",
+                                                    GRAD_SCALERS_KERNELS)}, LOSS_SCALER),
 } | catalog(LAB07)
 
 
@@ -152,14 +157,13 @@ def test_the_catalogs_cheats_score_zero(lab07, student):
 
 
 KERNELS_REACHED = pytest.mark.xfail(strict=True, reason=(
-    "GradScaler's kernels reached around their guards are not refused inside an answer: "
-    "inspect.unwrap(torch._amp_foreach_non_finite_check_and_unscale_) and "
-    "torch.ops.aten._amp_update_scale_ give the cheat Q1's, Q2's training and Q3's points "
-    "(graded: only q5-test-cluster fails, on pickling torch.ops for the engines)"))
+    "GradScaler's kernels reached through torch's C bindings (torch.ops.aten, like "
+    "torch._C._VariableFunctions, cannot be rebound) are not refused inside an answer: they "
+    "give the cheat Q1's, Q2's training and Q3's points"))
 
 
 @pytest.mark.parametrize("student", [
-    pytest.param(s, marks=KERNELS_REACHED) if s == "oracle_unwrapped" else s
+    pytest.param(s, marks=KERNELS_REACHED) if s == "kernels_through_aten" else s
     for s in sorted(set(LAB07_CHEATS) - set(catalog(LAB07)))])
 def test_lab07_cheats_score_zero(lab07, student):
     errors = check_cheat(lab07, LAB07, LAB07_CHEATS, student)
@@ -173,6 +177,8 @@ def test_lab07_cheats_score_zero(lab07, student):
                         "ZeroRedundancyOptimizer is what the tests compare with"],
         "oracle_unwrapped": ["torch._amp_foreach_non_finite_check_and_unscale_ is what the "
                              "tests compare with"],
+        "kernels_through_aten": ["torch._amp_foreach_non_finite_check_and_unscale_ is what the "
+                                 "tests compare with"],
     }[student]
     for text in expected:
         assert text in errors
