@@ -198,13 +198,26 @@ REACHING = code("""
         if how == "mem":
             with open("/proc/self/mem", "rb"):
                 return 42
+        if how == "closures":  # whatever switches the hook off, found through closures
+            import threading
+            import traceback
+            seen, todo = set(), [traceback.walk_tb]
+            while todo:
+                for cell in getattr(todo.pop(), "__closure__", None) or ():
+                    value = cell.cell_contents
+                    if isinstance(value, threading.local):
+                        value.on = True
+                    elif callable(value) and id(value) not in seen:
+                        seen.add(id(value))
+                        todo.append(value)
+            return log_softmax("getframe")
         if how == "code":
             import torch.testing
             torch.testing.assert_close.__code__ = (lambda *args, **kwargs: None).__code__
             return 42
         raise ValueError(how)
     """)
-WAYS = ["getframe", "gc", "current_frames", "settrace", "ctypes", "mem", "code"]
+WAYS = ["getframe", "gc", "current_frames", "settrace", "ctypes", "mem", "code", "closures"]
 WALKS = ["f_back", "stack", "traceback"]  # up from the answer's own frame, by f_back
 
 
@@ -226,15 +239,14 @@ def test_the_ways_into_another_functions_state_are_refused(tmp_path):
             way, said(found, cells, way))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the known gap (README, Lab integrity): CPython 3.11 raises no audit event for a frame's "
-    "f_back, so an answer walks up from a frame of its own (inspect.currentframe().f_back, "
-    "inspect.stack(), its own traceback's tb_frame.f_back) into the test's frame and returns "
-    "its local `expected`; refusing every frame instead broke typing, torch and lab code"))
 def test_walking_up_from_the_answers_own_frame_is_refused(tmp_path):
-    """f_back from the answer's own frame (inspect.currentframe, inspect.stack, a traceback)."""
+    """f_back from the answer's own frame (inspect.currentframe, inspect.stack, a traceback)
+    ends where the test's frames begin: the walk finds no `expected`."""
     found, cells = reached(tmp_path, WALKS)
     assert outcome(found, cells) == dict.fromkeys(WALKS, False) | {"honest": True}
+    for way in WALKS:
+        assert "expected" in said(found, cells, way) or "NoneType" in said(found, cells, way), (
+            way, said(found, cells, way))
 
 
 def test_the_judge_runs_with_the_edition_first(tmp_path):

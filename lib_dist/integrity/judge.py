@@ -77,9 +77,9 @@ def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
                                                          for c in cells})
     string_io = io.StringIO
     _make_undumpable()
-    permit = lockdown.lock_down({__file__, guard_module.__file__,
-                                 *(f"<{cell['name']}>" for cell in cells)})
-    frameless(permit)  # before the seals: formatting a traceback hands out no frame
+    readers = frameless()  # before the seals: formatting a traceback hands out no frame
+    lockdown.lock_down({__file__, guard_module.__file__, *(f"<{cell['name']}>" for cell in cells)},
+                       trusted=[*readers, described.__code__])
     strictly = seal.seal(_sealed(judge.snapshot), snapshot.UNWATCHED, snapshot.CLASS_CACHES,
                          snapshot.LAZY_REBINDINGS)
     reached = [(name, vars(module)) for name, module in list(sys.modules.items())
@@ -102,7 +102,7 @@ def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
         try:
             run(judge, cell["source"], cell["name"], graded)
         except BaseException as e:  # noqa: BLE001 - a test's failure, whatever it raised
-            error = described(e, permit)
+            error = described(e)
         finally:
             sys.stdout, sys.stderr = saved
         seen = changed() if graded else []
@@ -143,24 +143,20 @@ def _sealed(snap: Any) -> list[tuple[str, Any]]:
 
 def _describer(sources: dict[str, str]) -> Any:
     """A function describing an exception a cell raised: its type, message and traceback. The
-    traceback is read under the lockdown's permit, with nothing but the interpreter's own
-    attributes (an exception's class may define `__str__`, or a `__traceback__` property: the
-    student's code, which must not run while frames are open to it)."""
+    traceback is read by this code, which the lockdown trusts to read the frames' code, with
+    nothing but the interpreter's own attributes (an exception's class may define `__str__`,
+    or a `__traceback__` property: the student's code, which must not run in between)."""
     get_traceback = BaseException.__dict__["__traceback__"].__get__
     traceback_type, type_, str_ = types.TracebackType, type, str
 
-    def described(e: BaseException, permit: Any) -> dict[str, Any]:
+    def described(e: BaseException) -> dict[str, Any]:
         lines: list[tuple[str, int, str]] = []
-        permit(True)  # from here to permit(False), nothing a submission can rebind is called
-        try:
-            tb, left = get_traceback(e), 40
-            while type_(tb) is traceback_type and left:
-                code = tb.tb_frame.f_code
-                lines.append((str_.__str__(code.co_filename), tb.tb_lineno,
-                              str_.__str__(code.co_name)))
-                tb, left = tb.tb_next, left - 1
-        finally:
-            permit(False)
+        tb, left = get_traceback(e), 40
+        while type_(tb) is traceback_type and left:
+            code = tb.tb_frame.f_code
+            lines.append((str_.__str__(code.co_filename), tb.tb_lineno,
+                          str_.__str__(code.co_name)))
+            tb, left = tb.tb_next, left - 1
         try:
             value = str(e)[:20_000]
         except Exception:  # noqa: BLE001 - a hostile __str__

@@ -2,17 +2,18 @@
 
 The judge hands no frame object to anyone (`lockdown`), and Python's `traceback` module walks a
 traceback's frames to format it: `SimulatedWorld` formats a rank's error that way, and so do
-logging and the tests' own messages. `frameless()` makes the module's two walkers go through the
-judge's permit, read only each entry's code object and line, and hand on stand-ins that carry
-those and nothing else (empty globals and locals): formatting works as before, while no frame
-leaves the walker. It runs before the judge's seal, which then keeps it in place.
+logging and the tests' own messages. `frameless()` makes the module's two walkers read only each
+entry's code object and line, with code the lockdown trusts (by identity: `frameless` returns
+it), and hand on stand-ins that carry those and nothing else (empty globals and locals):
+formatting works as before, while no frame leaves the walker. It runs before the judge's
+lockdown and seal, which then keep it in place.
 """
 
 from __future__ import annotations
 
 import traceback
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 EMPTY: dict[str, Any] = {}
@@ -35,20 +36,17 @@ class FrameSummary:
         return {}
 
 
-def frameless(permit: Callable[[bool], None]) -> None:
-    """Point `traceback.walk_tb` and its positions twin at `permit`-guarded walkers."""
+def frameless() -> list[types.CodeType]:
+    """Point `traceback.walk_tb` and its positions twin at frameless walkers; the code that
+    reads the frames, for the lockdown to trust."""
     traceback_type, type_ = types.TracebackType, type
     position = traceback._get_code_position  # type: ignore[attr-defined]
 
     def entries(tb: Any) -> list[tuple[types.CodeType, int, int]]:
         found, left = [], 1000
-        permit(True)  # nothing a submission can rebind is called until permit(False)
-        try:
-            while type_(tb) is traceback_type and left:
-                found.append((tb.tb_frame.f_code, tb.tb_lineno, tb.tb_lasti))
-                tb, left = tb.tb_next, left - 1
-        finally:
-            permit(False)
+        while type_(tb) is traceback_type and left:
+            found.append((tb.tb_frame.f_code, tb.tb_lineno, tb.tb_lasti))
+            tb, left = tb.tb_next, left - 1
         return found
 
     def walk_tb(tb: Any) -> Iterator[tuple[FrameSummary, int]]:
@@ -63,6 +61,7 @@ def frameless(permit: Callable[[bool], None]) -> None:
 
     traceback.walk_tb = walk_tb  # type: ignore[assignment]
     traceback._walk_tb_with_full_positions = walk_with_positions  # type: ignore[attr-defined]
+    return [entries.__code__]
 
 
 __all__ = ["frameless"]
