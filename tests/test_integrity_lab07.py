@@ -71,7 +71,8 @@ TORCH_ZERO = code("""
 
 # Row 4 of the catalog: a LossScaler whose unscaling and update are GradScaler's own kernels,
 # reached around their guards: through inspect.unwrap of the guards, or through torch.ops.aten's
-# aliases of the same kernels (KERNEL stands for the route).
+# aliases of the same kernels, which the guard meets in torch's dispatcher (KERNEL stands for
+# the route).
 GRAD_SCALERS_KERNELS = code("""
     import inspect
 
@@ -156,15 +157,7 @@ def test_the_catalogs_cheats_score_zero(lab07, student):
     check_catalog(lab07, LAB07, student)
 
 
-KERNELS_REACHED = pytest.mark.xfail(strict=True, reason=(
-    "GradScaler's kernels reached through torch's C bindings (torch.ops.aten, like "
-    "torch._C._VariableFunctions, cannot be rebound) are not refused inside an answer: they "
-    "give the cheat Q1's, Q2's training and Q3's points"))
-
-
-@pytest.mark.parametrize("student", [
-    pytest.param(s, marks=KERNELS_REACHED) if s == "kernels_through_aten" else s
-    for s in sorted(set(LAB07_CHEATS) - set(catalog(LAB07)))])
+@pytest.mark.parametrize("student", sorted(set(LAB07_CHEATS) - set(catalog(LAB07))))
 def test_lab07_cheats_score_zero(lab07, student):
     errors = check_cheat(lab07, LAB07, LAB07_CHEATS, student)
     expected = {

@@ -15,7 +15,8 @@ an `SGD` whose `update` steps a `torch.optim.SGD` of its own. This module refuse
   unless called on an instance made outside any answer: the optimizer a test hands to
   `accumulated_step` still steps, while `DistributedSampler.__iter__(self)` on the student's own
   object, or borrowed as `__iter__ = DistributedSampler.__iter__`, does not. A function oracle
-  is rebound, where it is defined, to one that raises inside an answer.
+  is rebound, where it is defined, to one that raises inside an answer; a kernel of torch's
+  (GradScaler's), in torch's dispatcher too (`kernels`), which every alias passes through.
 - It runs where `stubs` does: when lib_dist is imported in the graded kernel and on each of its
   engines (answers sent to engines carry their wrappers, so the stack is kept there too), and
   when the guard arms, before its snapshot, which then watches the oracle classes: undoing this
@@ -75,6 +76,10 @@ def guard_oracles(lab: str) -> list[str]:
                 _guard_class(target, refuse)
             else:
                 _guard_function(oracle, target, refuse)
+                if oracle.startswith("torch:"):  # aten's other names for it: `kernels`
+                    from .kernels import guard_kernel
+
+                    guard_kernel(oracle.partition(":")[2], refuse)
             _guarded.add(oracle)
         done.append(dotted)
     return done
