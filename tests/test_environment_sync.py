@@ -38,6 +38,12 @@ def conda_deps() -> dict[str, SpecifierSet]:
     assert env["channels"] == ["conda-forge"], env["channels"]
     deps = {}
     for entry in env["dependencies"]:
+        if isinstance(entry, dict) and list(entry) == ["pip"]:  # PyPI-only, by conda's pip
+            for line in entry["pip"]:
+                req = Requirement(line)
+                assert normalise(req.name) not in deps, f"duplicate in environment.yml: {line}"
+                deps[normalise(req.name)] = req.specifier
+            continue
         assert isinstance(entry, str), f"only conda packages expected, got {entry!r}"
         match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*(.*?)\s*", entry)
         assert match, f"cannot parse environment.yml entry {entry!r}"
