@@ -4,7 +4,8 @@
     check                      labs/ is current, solutions pass, releases fail
     autograde SUBMISSIONS      grade <student>/<lab>.ipynb or <student>/<lab>/<lab>.ipynb
     feedback [LAB ...]         HTML feedback per student, hidden tests hidden
-    report                     CSV of scores (student x lab) and a figure
+    report                     CSV of scores (student x lab), a figure, flagged similarity
+    similarity [LAB ...]       answers nearly another student's or the reference (copydetect)
     demo                       the whole cycle for three synthetic students
 """
 
@@ -76,10 +77,24 @@ def _feedback(course: Course, args) -> int:
 
 def _report(course: Course, args) -> int:
     from .report import format_table, write
+    from .similarity import format_flagged, similarity
 
     print(format_table(course))
     for path in write(course, args.out):
         print(f"wrote {path}")
+    out = (args.out or course.work / "reports") / "similarity"
+    print("\n" + format_flagged(similarity(course, out=out), out=out))
+    return 0
+
+
+def _similarity(course: Course, args) -> int:
+    from .similarity import THRESHOLD, format_flagged, similarity
+
+    threshold = THRESHOLD if args.threshold is None else args.threshold
+    out = args.out or course.work / "reports" / "similarity"
+    results = similarity(course, args.labs, args.submissions, out, threshold)
+    print(format_flagged(results, threshold, out))
+    print(f"every pair's scores: {out / 'similarity.csv'}")
     return 0
 
 
@@ -124,6 +139,15 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("report", help="CSV and figure of the scores")
     c.add_argument("--out", type=Path)
     c.set_defaults(command=_report)
+    c = sub.add_parser("similarity", help="answers nearly the same as another student's or "
+                       "the reference, ranked, with a page per lab (copydetect)")
+    c.add_argument("labs", nargs="*")
+    c.add_argument("--submissions", type=Path, help="<student>/<lab>.ipynb or nbgrader's "
+                   "layout (default: instructor/submitted)")
+    c.add_argument("--threshold", type=float,
+                   help="flag pairs scoring above this (default: grader.similarity.THRESHOLD)")
+    c.add_argument("--out", type=Path, help="default: instructor/reports/similarity")
+    c.set_defaults(command=_similarity)
     c = sub.add_parser("demo", help="release, grade three synthetic students, report")
     c.add_argument("--out", type=Path, default=Path("build/grader-demo"))
     c.set_defaults(command=_demo)

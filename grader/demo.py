@@ -2,7 +2,8 @@
 
 Releases every lab, submits it for three synthetic students (alice: the solution, bob: the
 untouched release, carol: a typical bug), autogrades all of them on local engines, prints the
-gradebook, and writes the report (CSV and figure) and carol's feedback.
+gradebook and the similarity report's flagged pairs, and writes the report (CSV and figure) and
+carol's feedback.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .course import REPO, Course
 from .feedback import generate
 from .grading import autograde, find_submissions, release
 from .pool import default_jobs
+from .similarity import format_flagged, similarity
 
 # A typical bug per lab: (solution cell, what a student might write there).
 TYPICAL_BUGS = {
@@ -240,6 +242,8 @@ def run(out: Path) -> int:
 
     print(f"\nGradebook ({course.db_url}):")
     print(report.format_table(course))
+    pages = course.work / "reports" / "similarity"
+    print("\n" + format_flagged(similarity(course, out=pages), out=pages))
     csv_path, png_path = report.write(course)
     feedback = [p for lab in labs for p in generate(course, lab, ["carol"])]
     print(f"\n{len(outcomes)} submissions graded in {grading:.1f} s, {jobs} at a time "

@@ -14,11 +14,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from nbgrader.api import Gradebook, MissingEntry  # noqa: E402
 
-from .course import Course  # noqa: E402
+from .course import Course, put_own_scripts_on_path  # noqa: E402
 
 
 def score_table(course: Course) -> tuple[list[str], dict[str, dict[str, float | None]]]:
     """Labs, and for each student the score of each lab (None: not submitted)."""
+    put_own_scripts_on_path()  # a course graded nothing yet: nbgrader creates the gradebook
     with Gradebook(course.db_url, course.course_id) as gb:
         labs = sorted(a.name for a in gb.assignments)
         table: dict[str, dict[str, float | None]] = {}
