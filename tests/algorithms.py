@@ -135,6 +135,114 @@ def expected_collectives(world_size: int, rank: int, n: int,
     return out
 
 
+# -- all_to_all ------------------------------------------------------------------------------
+
+# gloo's all_to_all has no int16 ("Invalid scalar type"); these it has
+A2A_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.uint8, torch.bool)
+HIDDEN = 3
+
+
+def tokens(src: int, dst: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """What rank `src` sends rank `dst`: (src + 2 dst) % 4 rows of HIDDEN values (some pieces
+    empty, the others of 1 to 3 rows, as a router sends each expert its own number of
+    tokens), every value naming both ranks."""
+    rows = (src + 2 * dst) % 4
+    values = torch.arange(rows * HIDDEN).reshape(rows, HIDDEN) + 100 * src + 10 * dst
+    return values % 3 == 0 if dtype == torch.bool else values.to(dtype)
+
+
+def exchange_tokens(comm: Communicator, dtype: torch.dtype = torch.float32
+                    ) -> list[torch.Tensor]:
+    """One uneven all_to_all of `tokens` into preallocated outputs; returns what arrived."""
+    r, n = comm.rank, comm.world_size
+    outputs = [torch.full_like(tokens(s, r, dtype), 7) for s in range(n)]
+    got = comm.all_to_all([tokens(r, d, dtype) for d in range(n)], outputs)
+    assert all(g is o for g, o in zip(got, outputs)), "all_to_all must fill `outputs`"
+    return got
+
+
+def all_to_all_cases(comm: Communicator) -> dict[str, object]:
+    """all_to_all on uneven pieces in every dtype of A2A_DTYPES, on equal pieces with the
+    default outputs, and on non-contiguous 2-d pieces; results keyed by case."""
+    r, n = comm.rank, comm.world_size
+    out: dict[str, object] = {f"uneven_{dtype}": exchange_tokens(comm, dtype)
+                              for dtype in A2A_DTYPES}
+    out["equal_default_outputs"] = comm.all_to_all([data(r, 5) + 1000 * d for d in range(n)])
+    out["transposed_pieces"] = comm.all_to_all(
+        [(data(r, 6) + 1000 * d).reshape(2, 3).t() for d in range(n)])
+    return out
+
+
+def expected_all_to_all(world_size: int, rank: int) -> dict[str, object]:
+    """What `all_to_all_cases` must return on `rank`, without communication: the transpose
+    of the ranks' input lists (rank d receives piece d of every rank's list)."""
+    def transposed(piece) -> list[torch.Tensor]:
+        every = [[piece(s, d) for d in range(world_size)] for s in range(world_size)]
+        return [every[s][rank] for s in range(world_size)]
+
+    out: dict[str, object] = {f"uneven_{dtype}": transposed(lambda s, d: tokens(s, d, dtype))
+                              for dtype in A2A_DTYPES}
+    out["equal_default_outputs"] = transposed(lambda s, d: data(s, 5) + 1000 * d)
+    out["transposed_pieces"] = transposed(
+        lambda s, d: (data(s, 6) + 1000 * d).reshape(2, 3).t().contiguous())
+    return out
+
+
+def _disagree(comm: Communicator, case: str) -> tuple[str, str] | None:
+    """One all_to_all in which the ranks disagree as `case` says; the error it raised on this
+    rank, (type name, message), or None if it raised nothing."""
+    r, n = comm.rank, comm.world_size
+    inputs = [tokens(r, d) for d in range(n)]
+    outputs = [torch.empty_like(tokens(s, r)) for s in range(n)]
+    if r == 1 and case in ("smaller", "larger", "reshaped"):
+        rows = tokens(0, 1).shape[0]  # 2 rows of HIDDEN = 3
+        outputs[0] = torch.empty({"smaller": (rows - 1, HIDDEN), "larger": (rows + 1, HIDDEN),
+                                  "reshaped": (HIDDEN, rows)}[case])
+    if case == "dtype" and r == n - 1:
+        inputs = [t.double() for t in inputs]
+        outputs = [t.double() for t in outputs]
+    if case == "too_few_inputs" and r == 0:
+        inputs = inputs[:-1]
+    if case == "mixed_dtypes" and r == 0:
+        inputs[-1] = inputs[-1].double()
+    try:
+        comm.all_to_all(inputs, outputs)
+    except Exception as e:  # noqa: BLE001 - what each rank got is the result
+        return type(e).__name__, str(e)
+    return None
+
+
+DISAGREEMENTS = ("smaller", "larger", "reshaped", "dtype", "too_few_inputs", "mixed_dtypes")
+
+
+def all_to_all_disagreements(comm: Communicator) -> dict[str, object]:
+    """Each of DISAGREEMENTS in turn (what every rank raised), then an exchange that agrees:
+    a disagreement leaves the group usable."""
+    out: dict[str, object] = {case: _disagree(comm, case) for case in DISAGREEMENTS}
+    out["after"] = exchange_tokens(comm)
+    return out
+
+
+def all_to_all_in_subgroup(comm) -> dict[str, object]:
+    """On a torch communicator: a subgroup's ranks must be in increasing order (an error on
+    every rank); then all_to_all over the subgroup of every rank but rank 0 (subgroup rank =
+    rank - 1), an uneven exchange and a disagreement."""
+    out: dict[str, object] = {}
+    try:
+        comm.subgroup([1, 0])
+    except ValueError as e:
+        out["unsorted"] = str(e)
+    sub = comm.subgroup(list(range(1, comm.world_size)))
+    if sub is None:
+        return out
+    try:
+        out.update(rank=sub.rank, uneven=exchange_tokens(sub), after=exchange_tokens(sub),
+                   smaller=_disagree(sub, "smaller") if sub.world_size > 1 else None)
+    finally:
+        sub.close()
+    return out
+
+
 # -- failures ---------------------------------------------------------------------------------
 
 

@@ -48,8 +48,12 @@ CHECKS = [
     ("blocked", "delivered_while_blocked", (3_000_000,)),
     ("barrier", "barrier_twice", ()),
     ("collectives", "collectives", (N, SCATTER_LENGTHS)),
+    ("all_to_all", "all_to_all_cases", ()),
+    ("all_to_all_disagreements", "all_to_all_disagreements", ()),
+    ("all_to_all_subgroup", "all_to_all_in_subgroup", ()),
 ]
-P2P_CHECKS = [c for c in CHECKS if c[0] not in ("barrier", "collectives")]
+P2P_CHECKS = [c for c in CHECKS
+              if c[0] not in ("barrier", "collectives") and not c[0].startswith("all_to_all")]
 
 
 @dataclass
@@ -202,6 +206,46 @@ def test_native_collectives_match_local_computation_and_simulated(gloo_run):
     assert per_rank == Counter({"broadcast": ws, "all_reduce": 3, "all_gather": 1,
                                 "reduce_scatter": 2 * len(SCATTER_LENGTHS) + 1})
     assert all(e.peer == -1 for e in trace.events)
+
+
+def test_all_to_all_is_the_transpose_of_the_input_lists(gloo_run):
+    ws = gloo_run.world_size
+    got = gloo_run.results("all_to_all")
+    for r in range(ws):
+        assert_same(got[r], alg.expected_all_to_all(ws, r), f"rank {r}")
+    trace = gloo_run.trace("all_to_all")
+    assert trace.summary() == {r: RankTraffic() for r in range(ws)}  # native: no messages
+    calls = len(alg.A2A_DTYPES) + 2
+    for r in range(ws):
+        events = trace.of_rank(r)
+        assert [e.kind for e in events] == ["all_to_all_check", "all_to_all"] * calls
+        uneven = events[1]  # the first call's data: every piece this rank sends, its own too
+        assert uneven.nbytes == sum(alg.tokens(r, d).nbytes for d in range(ws))
+
+
+def test_all_to_all_disagreements_fail_every_rank_as_on_simulated_ranks(gloo_run):
+    """Unchecked, gloo aborts a process that receives more than its buffer holds, and leaves
+    the end of a larger buffer as it was; here every rank raises what simulated ranks raise,
+    and the group goes on."""
+    ws = gloo_run.world_size
+    got = gloo_run.results("all_to_all_disagreements")
+    assert_same(got, SimulatedWorld(ws).run(alg.all_to_all_disagreements))
+    assert all(got[r]["smaller"][0] == "MismatchError" for r in range(ws))
+
+
+def test_all_to_all_in_a_subgroup(gloo_run):
+    ws = gloo_run.world_size
+    got = gloo_run.results("all_to_all_subgroup")
+    assert got[0] == {"unsorted": "rank 0: subgroup ranks must be distinct and in increasing "
+                      "order (torch.distributed numbers a group's ranks so), got [1, 0]"}
+    simulated_ranks = SimulatedWorld(ws - 1).run(alg.all_to_all_disagreements)
+    for r in range(1, ws):
+        mine = got[r]
+        assert mine["unsorted"].startswith(f"rank {r}: subgroup ranks must be")
+        assert mine["rank"] == r - 1
+        assert_same(mine["uneven"], [alg.tokens(s, r - 1) for s in range(ws - 1)])
+        assert_same(mine["after"], mine["uneven"])
+        assert mine["smaller"] == (simulated_ranks[r - 1]["smaller"] if ws > 2 else None)
 
 
 # -- failure ------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from typing import Literal
 
 import torch
 
+from .agreement import agree
 from .algorithms import gather_broadcast
 from .background import start_after
 from .errors import CommError
@@ -170,7 +171,9 @@ class Communicator(ABC):
         """Send `inputs[d]` to rank d and receive rank s's `inputs[self.rank]` into
         `outputs[s]`, for every rank; returns `outputs`. Every tensor has one dtype; shapes
         may differ, so `outputs` (preallocated, one per rank) says what arrives, by default
-        tensors shaped like `inputs` (every rank sends every peer the same shape)."""
+        tensors shaped like `inputs` (every rank sends every peer the same shape). The ranks
+        first check that each expects what its peers send (`lib_dist.comm.agreement`): if
+        not, every rank raises, naming the ranks and shapes, and no data moves."""
         inputs, outputs = self._check_all_to_all(inputs, outputs)
         outputs[self.rank].copy_(inputs[self.rank])
         with self._traced("all_to_all", nbytes=sum(t.nbytes for t in inputs)):
@@ -181,21 +184,7 @@ class Communicator(ABC):
 
     def _check_all_to_all(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None
                           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        if len(inputs) != self.world_size or (outputs is not None
-                                              and len(outputs) != self.world_size):
-            raise CommError(f"rank {self.rank}: all_to_all needs one input (and one output) "
-                            f"per rank, {self.world_size}; got {len(inputs)}"
-                            f"{'' if outputs is None else f' and {len(outputs)}'}")
-        inputs = [t.contiguous() for t in inputs]
-        if outputs is None:
-            outputs = [torch.empty_like(t) for t in inputs]
-        dtypes = {t.dtype for t in [*inputs, *outputs]}
-        if len(dtypes) > 1:
-            raise CommError(f"rank {self.rank}: all_to_all moves one dtype, got "
-                            f"{', '.join(sorted(map(str, dtypes)))}")
-        for t in outputs:
-            self._check_tensor(t, "all_to_all")
-        return inputs, outputs
+        return agree(self, inputs, outputs)
 
     def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
         """This rank's chunk (see `chunk_bounds`) of the reduction of the flattened tensor."""
@@ -226,6 +215,15 @@ class Communicator(ABC):
 
     @abstractmethod
     def world_barrier(self) -> None: ...
+
+    def _gather_quietly(self, tensor: torch.Tensor, what: str) -> list[torch.Tensor]:
+        """Every rank's `tensor` (one shape and dtype everywhere), by rank, for lib_dist's own
+        bookkeeping (`what`): through the backend's messages, which the trace does not record."""
+        out = [tensor if r == self.rank else torch.empty_like(tensor)
+               for r in range(self.world_size)]
+        wait_all([self._post_send(tensor, dst) for dst in self._others()]
+                 + [self._post_recv(out[src], src) for src in self._others()])
+        return out
 
     # -- helpers ---------------------------------------------------------------------------
 

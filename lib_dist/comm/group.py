@@ -3,9 +3,12 @@
 
 `TorchCommunicator.subgroup(ranks)` makes one (collective: every rank of the whole group
 calls it, with the same ranks, members or not). Its ranks are numbered 0..len(ranks) - 1 in
-the order of `ranks`; its collectives are torch.distributed's on the subgroup, its messages
-the backend's own sends and receives (the subgroup's gloo connections are its own, so it may
-run beside the whole group's operations on another thread).
+the order of `ranks`, which must be increasing: torch.distributed numbers a group's ranks in
+increasing order of global rank whatever order it is given (its `sort_ranks=False` is newer
+than the oldest torch lib_dist supports), so a group of [3, 1] would gather and exchange in
+another order than its messages'. Its collectives are torch.distributed's on the subgroup, its
+messages the backend's own sends and receives (the subgroup's gloo connections are its own, so
+it may run beside the whole group's operations on another thread).
 """
 
 from __future__ import annotations
@@ -86,6 +89,12 @@ class GroupCommunicator(Communicator):
         for t, part in zip(outputs, got.split([t.numel() for t in outputs])):
             t.copy_(part.view_as(t))
         return outputs
+
+    def _gather_quietly(self, tensor: torch.Tensor, what: str) -> list[torch.Tensor]:
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        with translated(self.rank, self.timeout, what):
+            dist.all_gather(out, tensor, group=self.group)
+        return out
 
     def _collective(self, name: str, nbytes: int, fn: Callable[[], Any]) -> None:
         with self._traced(name, nbytes=nbytes), translated(self.rank, self.timeout, name):
