@@ -6,33 +6,17 @@ communicator's all_to_all against torch.distributed's on gloo.
 
 from __future__ import annotations
 
+import cloudpickle
 import pytest
 import torch
 
+import hvd_ranks
 import lib_dist.horovod as hvd
+from hvd_ranks import failure, on_ranks
 from lib_dist.cluster import Cluster
-from lib_dist.comm import SimulatedWorld
 
 pytestmark = [pytest.mark.timeout(180)]
-
-
-def on_ranks(n: int, fn, *args):
-    """`fn(rank, *args)` on n simulated ranks, each with lib_dist.horovod initialized."""
-    def body(comm):
-        hvd.init(comm=comm)
-        try:
-            return fn(comm.rank, *args)
-        finally:
-            hvd.shutdown()
-    return SimulatedWorld(n, timeout=30).run(body)
-
-
-def failure(call) -> str:
-    try:
-        call()
-    except Exception as e:  # noqa: BLE001 - the test reads its type and message
-        return f"{type(e).__name__}: {e}"
-    return "no error"
+cloudpickle.register_pickle_by_value(hvd_ranks)  # the engines cannot import it from tests/
 
 
 def mismatches(r):

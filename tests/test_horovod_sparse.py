@@ -6,34 +6,18 @@ training on every rank's batch.
 
 from __future__ import annotations
 
+import cloudpickle
 import pytest
 import torch
 
+import hvd_ranks
 import lib_dist.horovod as hvd
+from hvd_ranks import failure, on_ranks
 from lib_dist.cluster import Cluster
-from lib_dist.comm import SimulatedWorld
 
 pytestmark = [pytest.mark.timeout(180)]
+cloudpickle.register_pickle_by_value(hvd_ranks)  # the engines cannot import it from tests/
 EPS = torch.finfo(torch.float32).eps
-
-
-def on_ranks(n: int, fn, *args):
-    """`fn(rank, n, *args)` on n simulated ranks, each with lib_dist.horovod initialized."""
-    def body(comm):
-        hvd.init(comm=comm)
-        try:
-            return fn(comm.rank, n, *args)
-        finally:
-            hvd.shutdown()
-    return SimulatedWorld(n, timeout=30).run(body)
-
-
-def failure(call) -> str:
-    try:
-        call()
-    except Exception as e:  # noqa: BLE001 - the test reads its type and message
-        return f"{type(e).__name__}: {e}"
-    return "no error"
 
 
 def random_sparse(seed: int, *shape: int) -> torch.Tensor:
@@ -66,7 +50,7 @@ def sums(r, n):
 
 def test_sparse_allreduce_is_the_dense_allreduce_of_the_same_tensors():
     n = 3
-    results = on_ranks(n, sums)
+    results = on_ranks(n, sums, n)
     for got in results:
         for op in ("Average", "Sum"):
             for (sparse, dense), theirs, nnz in zip(got[op], results[0][op],
@@ -105,7 +89,7 @@ def mismatches(r, n):
 
 def test_ranks_that_disagree_fail_on_every_rank_and_the_group_goes_on():
     n = 3
-    for got in on_ranks(n, mismatches):
+    for got in on_ranks(n, mismatches, n):
         assert got["size"].startswith("HorovodInternalError: sparse_allreduce 'size.indices': "
                                       "the ranks disagree on the size")
         assert "rank 0: size (3, 3); rank 1: size (4, 4); rank 2: size (3, 3)" in got["size"]
@@ -161,7 +145,7 @@ def test_sparse_gradients_train_as_one_process_on_every_ranks_batch(as_dense):
         sgd.zero_grad()
         (sum(step_loss(oracle, r, step) for r in range(n)) / n).backward()
         sgd.step()
-    for params, layouts, sparse in on_ranks(n, train, as_dense, start):
+    for params, layouts, sparse in on_ranks(n, train, n, as_dense, start):
         for name, value in oracle.state_dict().items():
             # three steps of sums of at most n * 4 terms of magnitude ~1
             torch.testing.assert_close(params[name], value, rtol=3 * 4 * n * EPS, atol=1e-6)

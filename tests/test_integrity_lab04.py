@@ -187,12 +187,7 @@ def test_the_catalogs_cheats_score_zero(lab04, student):
     check_catalog(lab04, LAB04, student)
 
 
-BUGS: dict[str, pytest.MarkDecorator] = {}  # cheats known to pass, none today
-
-
-@pytest.mark.parametrize("student", [
-    pytest.param(s, marks=BUGS[s]) if s in BUGS else s
-    for s in sorted(set(LAB04_CHEATS) - set(catalog(LAB04)))])
+@pytest.mark.parametrize("student", sorted(set(LAB04_CHEATS) - set(catalog(LAB04))))
 def test_lab04_cheats_score_zero(lab04, student):
     errors = check_cheat(lab04, LAB04, LAB04_CHEATS, student)
     asks = "lab04_data_parallel asks you to write"
