@@ -17,12 +17,10 @@ scores tests/test_similarity.py measures (README, "The similarity report").
 from __future__ import annotations
 
 import csv
-import importlib
 import inspect
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import nbformat
 from copydetect import CopyDetector
@@ -73,13 +71,11 @@ def library_code(lab: str) -> str:
     """The source of lib_dist's own versions of what `lab` asks for, one after another;
     empty for a lab that has none."""
     from lib_dist.extend import LABS
+    from lib_dist.integrity.stubs import lookup
 
     sources: list[str] = []
     for name in LABS[lab].references if lab in LABS else ():
-        module, qualname = name.split(":")
-        obj: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        obj = lookup(name)
         if isinstance(obj, property):
             obj = obj.fget
         obj = inspect.unwrap(obj)
