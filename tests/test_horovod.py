@@ -205,6 +205,12 @@ def refusals(comm):
         except (NotImplementedError, ValueError, AttributeError) as e:
             out[name] = f"{type(e).__name__}: {e}"
     out["global_set"] = hvd.allreduce(torch.ones(1), process_set=hvd.global_process_set)
+    nobody = hvd.add_process_set([])  # legal, as in Horovod: no rank is in it
+    try:
+        hvd.allreduce(torch.ones(1), process_set=nobody)
+    except ValueError as e:
+        out["empty_set"] = f"{type(e).__name__}: {e}"
+    out["empty_removed"] = hvd.remove_process_set(nobody)
     out["join"] = hvd.join()
     hvd.barrier()
     return out
@@ -220,6 +226,8 @@ def test_unsupported_names_raise_naming_themselves(cluster):
         assert got["unknown"].startswith("AttributeError: lib_dist.horovod has no "
                                          "'no_such_function'")
         assert got["global_set"].tolist() == [1.0]
+        assert "is not in ProcessSet(" in got["empty_set"] and "ranks=[])" in got["empty_set"]
+        assert got["empty_removed"] is True
         assert got["join"] in range(N)
 
 

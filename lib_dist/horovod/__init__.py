@@ -25,7 +25,10 @@ end to end:
   mismatch is a `HorovodInternalError` naming the ranks and what differed); `settings`: what
   `init` reads from the environment; `wire`: moving bytes and ragged tensors;
 - `process_sets`: `add_process_set`, `remove_process_set`, `process_set=` on every operation;
-- `unsupported`: what Horovod has and this does not (each raises, naming itself).
+- `sync_batch_norm`: `SyncBatchNorm`, batch statistics over every rank's batch.
+
+What Horovod has and this does not (Adasum, say) raises, naming itself; any other name
+Horovod has and this lacks is an AttributeError saying so.
 """
 
 from .basics import (
@@ -56,7 +59,7 @@ from .optimizer import DistributedOptimizer
 from .scatter import alltoall_async, reducescatter_async
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .sparse import sparse_allreduce_async
-from .unsupported import SyncBatchNorm
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DistributedOptimizer", "FP16Compressor",

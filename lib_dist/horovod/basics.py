@@ -79,6 +79,8 @@ class State:
 
 _state: State | None = None
 _thread = threading.local()  # the state of a simulated rank (a thread), see `_current`
+_simulated_ranks = 0  # how many threads hold one (for `state`'s error)
+_simulated_lock = threading.Lock()
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -148,8 +150,10 @@ def _current() -> State | None:
 
 
 def _set(new: State | None, threaded: bool) -> None:
-    global _state
+    global _state, _simulated_ranks
     if threaded:
+        with _simulated_lock:
+            _simulated_ranks += (new is not None) - (getattr(_thread, "state", None) is not None)
         _thread.state = new
     else:
         _state = new
@@ -158,6 +162,12 @@ def _set(new: State | None, threaded: bool) -> None:
 def state() -> State:
     """This process's state; a ValueError, as in Horovod, before `init()`."""
     current = _current()
+    if current is None and _simulated_ranks:
+        raise ValueError("lib_dist.horovod: this thread is none of the simulated ranks (each "
+                         "a thread of this process). Autograd runs the backward pass of CUDA "
+                         "tensors on a thread of its own, so on simulated ranks differentiate "
+                         "through collectives with CPU tensors; a Cluster (a process per rank) "
+                         "takes GPU tensors")
     if current is None:
         raise ValueError("lib_dist.horovod is not initialized: call hvd.init() first "
                          "(import lib_dist.horovod as hvd; hvd.init())")

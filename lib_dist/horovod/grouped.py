@@ -19,13 +19,23 @@ from .compression import Compressor, NoneCompressor
 Single = Callable[[torch.Tensor, str], Any]
 
 
+def check_group(tensors: Any, kind: str) -> None:
+    """A group is a non-empty list of tensors on one device (Horovod fuses a group into one
+    buffer, so it refuses a group spread over the CPU and a GPU as well)."""
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError(f"{kind} needs a non-empty list of tensors, got {tensors!r}")
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) > 1:
+        raise RuntimeError(f"{kind}: the tensors are on {' and '.join(devices)}; put every "
+                           f"tensor of a group on one device")
+
+
 def _grouped(tensors: list[torch.Tensor], kind: str, name: str | None, single: Single,
              blocking: bool) -> Any:
     """`single(tensor, name)` (an asynchronous operation's int handle) for every tensor;
     their results, or one handle whose `synchronize` returns them."""
     s = basics.state()
-    if not isinstance(tensors, (list, tuple)) or not tensors:
-        raise ValueError(f"{kind} needs a non-empty list of tensors, got {tensors!r}")
+    check_group(tensors, kind)
     base = s.auto_name(kind, name)
     handles = [single(t, f"{base}.{i}") for i, t in enumerate(tensors)]
     if blocking:
@@ -49,6 +59,7 @@ def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None,
                       postscale_factor: float = 1.0, process_set: Any = None
                       ) -> list[torch.Tensor]:
     """`allreduce` of every tensor, together; differentiable."""
+    check_group(tensors, "grouped_allreduce")
     if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
         base = basics.state().auto_name("grouped_allreduce", name)
         return [autograd.allreduce(t, average, f"{base}.{i}", compression, op, prescale_factor,
@@ -90,6 +101,7 @@ def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None =
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
                       process_set: Any = None) -> list[torch.Tensor]:
     """`allgather` of every tensor, together; differentiable."""
+    check_group(tensors, "grouped_allgather")
     if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
         base = basics.state().auto_name("grouped_allgather", name)
         return [autograd.allgather(t, f"{base}.{i}", process_set)
@@ -113,6 +125,7 @@ def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None,
                           process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """`reducescatter` of every tensor, together; differentiable."""
+    check_group(tensors, "grouped_reducescatter")
     if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
         base = basics.state().auto_name("grouped_reducescatter", name)
         return [autograd.reducescatter(t, f"{base}.{i}", compression, op, process_set,

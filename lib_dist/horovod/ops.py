@@ -75,8 +75,11 @@ def reduce_in_place(comm: Communicator, t: torch.Tensor, op: ReduceOp, prescale:
 
 
 def scale_(t: torch.Tensor, factor: float) -> None:
-    """`t` times `factor`, in place; integers are scaled in float64 and truncated back, as
-    Horovod scales them."""
+    """`t` times `factor`, in place, as Horovod scales: integers in float64, truncated back;
+    half precision in float32 on the CPU but in its own precision on a GPU (Horovod's CUDA
+    kernel rounds the factor to half first)."""
+    if t.is_cuda and t.dtype in (torch.float16, torch.bfloat16):
+        factor = float(torch.tensor(factor, dtype=t.dtype))
     if t.is_floating_point() or t.is_complex():
         t.mul_(factor)
     else:

@@ -8,7 +8,8 @@ Each set runs on a subgroup of the torch.distributed group (`TorchCommunicator.s
 with its own negotiation thread and names (`queue`), so the ranks of two sets, or of a set and
 the whole group, go on side by side. `root_rank` stays a global rank. A rank outside a set
 that calls one of its operations gets a ValueError. Every rank must add and remove the same
-sets in the same order. On a simulated world (ranks as threads) there are no process sets.
+sets in the same order. An empty set is legal, as in Horovod (the odd ranks of a 1-rank job):
+no rank is in it. On a simulated world (ranks as threads) there are no process sets.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def add_process_set(process_set: Any) -> ProcessSet:
     """Register a process set (a `ProcessSet` or a list of ranks) on every rank; returns it."""
     s = basics.state()
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    if not ps.ranks or ps.ranks[-1] >= s.comm.world_size or ps.ranks[0] < 0:
+    if ps.ranks and (ps.ranks[-1] >= s.comm.world_size or ps.ranks[0] < 0):
         raise ValueError(f"add_process_set: ranks must be among 0..{s.comm.world_size - 1}, "
                          f"got {ps.ranks}")
     if ps.process_set_id is not None:
@@ -85,7 +86,7 @@ def add_process_set(process_set: Any) -> ProcessSet:
                                   f"torch.distributed group (a Cluster), not a "
                                   f"{type(s.comm).__name__}")
     s.queue.drain()
-    comm = subgroup(ps.ranks)
+    comm = subgroup(ps.ranks) if ps.ranks else None  # every rank skips an empty one alike
     s.sets_added += 1
     ps.process_set_id = s.sets_added
     if comm is not None:

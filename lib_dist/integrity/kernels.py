@@ -44,12 +44,12 @@ def unscale(grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch
     """`torch._amp_foreach_non_finite_check_and_unscale_`: note any non-finite gradient in
     `found_inf`, and multiply every gradient by `inv_scale` in place (in float32 at least, as
     torch's kernel computes half precision)."""
-    factor = float(inv_scale)
+    factor = float(inv_scale)  # a Python number: CUDA would round a GPU tensor to fp16 first
     for grad in grads:
         if not bool(torch.isfinite(grad).all()):
             found_inf.fill_(1.0)
         if factor != 1.0:
-            grad.mul_(inv_scale.to(grad.device))
+            grad.mul_(factor)
 
 
 KERNELS: dict[str, Callable[..., Any]] = {
