@@ -58,7 +58,8 @@ def _compare_releases(course: Course, scratch: Course, labs: list[str]) -> list[
             if not _same(ours / rel, fresh / rel):
                 problems.append(f"labs/{lab}/{rel} differs from its release: run "
                                 f"`python -m grader release {lab}`")
-    extra = {p.name for p in course.labs.iterdir() if p.is_dir()} - set(labs)
+    extra = ({p.name for p in course.labs.iterdir() if p.is_dir()} - set(labs)
+             - {course.student_edition.name})  # release builds it there (not in git)
     problems += [f"labs/{name} has no source in solutions/" for name in sorted(extra)]
     return problems
 

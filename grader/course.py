@@ -66,6 +66,11 @@ class Course:
     def labs(self) -> Path:
         return self.root / "labs"
 
+    @property
+    def student_edition(self) -> Path:
+        """Where `release` builds the student edition of lib_dist (`grader.edition`)."""
+        return self.labs / "student_edition"
+
     def lab_names(self) -> list[str]:
         """Every lab: a folder of solutions/ holding a notebook of the same name."""
         return sorted(p.parent.name for p in self.solutions.glob("*/*.ipynb")

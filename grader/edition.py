@@ -14,6 +14,11 @@ exists there; without the sandbox, it comes first on the judge's PYTHONPATH.
 
 `lib_dist/integrity/edition.py` in the copy names the lab, so that lib_dist guards the lab's
 oracles when it is imported, in the judge and on every engine (`lib_dist/__init__.py`).
+
+The student edition (`student_edition`, built by `python -m grader release` into
+`labs/student_edition/`) is the same copy with every lab's references stubbed at once, each
+naming the first lab that asks for it, and no oracle guarded: what a student's environment
+imports, so that opening lib_dist's source shows no answer.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from lib_dist.integrity.stubs import resolve
 SOURCE = Path(lib_dist.__file__).resolve().parent
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 MARKER = Path("integrity") / "edition.py"
+STUDENT = "student"  # the student edition, among the editions' names
 
 
 def judged_edition(folder: Path, lab: str) -> Path:
@@ -47,7 +53,7 @@ def judged_edition(folder: Path, lab: str) -> Path:
         return home
     home.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{lab}-", dir=home.parent))
-    _build(scratch / "lib_dist", lab)
+    _build(scratch / "lib_dist", [lab], judged=lab)
     try:
         os.rename(scratch, home)  # atomic: graders working at once each build, one wins
     except OSError:
@@ -58,29 +64,54 @@ def judged_edition(folder: Path, lab: str) -> Path:
     return home
 
 
-def _build(target: Path, lab: str) -> None:
+def student_edition(folder: Path) -> Path:
+    """`folder`, holding `lib_dist/` as students get it: the reference of everything any lab
+    asks for is a stub naming the first lab that asks for it, and no oracle is guarded (a
+    student may run torch's DistributedDataParallel in their own notebook). Rebuilt when
+    lib_dist's source has changed since (`SOURCE_HASH` in it says from which source)."""
+    folder = Path(folder)
+    stamp, wanted = folder / "SOURCE_HASH", _fingerprint(STUDENT)
+    if stamp.is_file() and stamp.read_text() == wanted and (folder / "lib_dist" / MARKER).is_file():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    _build(scratch / "lib_dist", sorted(LABS), judged=None)
+    (scratch / "SOURCE_HASH").write_text(wanted)
+    if folder.exists():
+        stale = Path(tempfile.mkdtemp(prefix=f".{folder.name}-stale-", dir=folder.parent))
+        os.rename(folder, stale / folder.name)
+        shutil.rmtree(stale, ignore_errors=True)
+    os.rename(scratch, folder)
+    return folder
+
+
+def _build(target: Path, labs: list[str], judged: str | None) -> None:
+    """lib_dist copied to `target` with the references of `labs` stubbed; `judged` names the
+    lab the copy is judged for (its oracles guarded on import), None for the student edition."""
     shutil.copytree(SOURCE, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for path, lines in _references_by_file(lab).items():
+    for path, names in _references_by_file(labs).items():
         copy = target / Path(path).relative_to(SOURCE)
-        copy.write_text(stubbed(Path(path).read_text(encoding="utf-8"), lines, lab),
-                        encoding="utf-8")
-    (target / MARKER).write_text(
-        f'"""The lab this copy of lib_dist is judged for (grader.edition)."""\n\nLAB = {lab!r}\n',
-        encoding="utf-8")
+        copy.write_text(stubbed(Path(path).read_text(encoding="utf-8"), names), encoding="utf-8")
+    what = ("The lab this copy of lib_dist is judged for (grader.edition)." if judged else
+            "None: the student edition of lib_dist (grader.edition), no lab's references in it.")
+    (target / MARKER).write_text(f'"""{what}"""\n\nLAB = {judged!r}\n', encoding="utf-8")
     compileall.compile_dir(target, quiet=2)
 
 
-def _references_by_file(lab: str) -> dict[str, dict[str, str]]:
-    """source file -> {qualified name of the definition: dotted name} of each reference."""
-    found: dict[str, dict[str, str]] = {}
-    for reference in LABS[lab].references:
-        function = resolve(reference)
-        while not _inside_lib_dist(function.__code__) and hasattr(function, "__wrapped__"):
-            function = function.__wrapped__  # under a decorator of torch's (`@torch.no_grad()`)
-        code = function.__code__
-        if not _inside_lib_dist(code):
-            raise ValueError(f"{reference} is defined in {code.co_filename}, outside lib_dist")
-        found.setdefault(code.co_filename, {})[function.__qualname__] = reference.replace(":", ".")
+def _references_by_file(labs: list[str]) -> dict[str, dict[str, tuple[str, str]]]:
+    """source file -> {qualified name of the definition: (dotted name, lab)} of each reference
+    of `labs`; one that several labs declare names the first of them."""
+    found: dict[str, dict[str, tuple[str, str]]] = {}
+    for lab in labs:
+        for reference in LABS[lab].references:
+            function = resolve(reference)
+            while not _inside_lib_dist(function.__code__) and hasattr(function, "__wrapped__"):
+                function = function.__wrapped__  # under a decorator of torch's (`@torch.no_grad()`)
+            code = function.__code__
+            if not _inside_lib_dist(code):
+                raise ValueError(f"{reference} is defined in {code.co_filename}, outside lib_dist")
+            found.setdefault(code.co_filename, {}).setdefault(
+                function.__qualname__, (reference.replace(":", "."), lab))
     return found
 
 
@@ -88,14 +119,15 @@ def _inside_lib_dist(code: types.CodeType) -> bool:
     return Path(code.co_filename).resolve().is_relative_to(SOURCE)
 
 
-def stubbed(source: str, names: dict[str, str], lab: str) -> str:
+def stubbed(source: str, names: dict[str, tuple[str, str]]) -> str:
     """`source` with the body of each function whose qualified name is in `names` replaced by
-    a raise of AskedToWrite."""
+    a raise of AskedToWrite naming the lab that asks for it (`names`: qualname -> (dotted
+    name, lab))."""
     tree = ast.parse(source)
     done = set()
     for qualname, node in _definitions(tree.body, ""):
         if qualname in names:
-            node.body = _raising(names[qualname], lab)
+            node.body = _raising(*names[qualname])
             done.add(qualname)
     if missing := set(names) - done:
         raise ValueError(f"no definition of {sorted(missing)} in the source")

@@ -13,6 +13,7 @@ from sqlalchemy.exc import SAWarning
 from tqdm import tqdm
 
 from .course import Course
+from .edition import student_edition
 from .errors import GradingError
 from .pool import grade_at_once
 from .processes import become_subreaper, descendants, sweep
@@ -35,6 +36,7 @@ def release(course: Course, labs: list[str] | None = None) -> list[str]:
         if not result["success"]:
             raise GradingError(f"nbgrader could not release {lab}:\n{result.get('error', '')}"
                                f"\n{result.get('log', '')}")
+    student_edition(course.student_edition)  # lib_dist without the answers, for students
     return labs
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.edition import SOURCE, judged_edition
+from grader.edition import SOURCE, judged_edition, student_edition
 from grader.judge import Cell, judge
 from lib_dist.extend import LABS
 from lib_dist.integrity.stubs import resolve
@@ -183,29 +183,51 @@ def test_a_cell_past_its_timeout_fails_and_the_next_runs(edition, tmp_path):
 def test_the_judged_edition_holds_no_body_of_the_labs_references(tmp_path, lab):
     """Neither the source nor the bytecode of any reference's body is anywhere in the edition:
     its normalised AST is in no .py, its code object's bytecode in no file at all."""
-    home = judged_edition(tmp_path, lab)
+    assert_no_reference_body(judged_edition(tmp_path, lab), [lab])
+
+
+def test_the_student_edition_holds_no_body_of_any_labs_references(tmp_path):
+    """What `release` builds for students: every lab's references at once, none of them there;
+    each stub names the first lab that asks for it; no lab is guarded on import."""
+    home = student_edition(tmp_path / "student_edition")
+    assert_no_reference_body(home, sorted(LABS))
+    assert student_edition(home) == home and (home / "SOURCE_HASH").is_file()  # built once
+    child = subprocess.run(
+        [sys.executable, "-c", "import torch, lib_dist, lib_dist.losses as l\n"
+                               "from lib_dist.integrity import edition\n"
+                               "print('LAB', edition.LAB)\n"
+                               "l.log_softmax(torch.zeros(2))"],
+        env={k: v for k, v in os.environ.items() if k != "LIB_DIST_GRADED_LAB"}
+        | {"PYTHONPATH": str(home)}, capture_output=True, text=True, timeout=120, cwd=home)
+    assert "LAB None" in child.stdout, child.stderr
+    assert child.returncode != 0
+    assert "lab01_cross_entropy asks you to write this yourself" in child.stderr
+
+
+def assert_no_reference_body(home: Path, labs: list[str]) -> None:
     texts = [_dumps(p.read_text()) for p in home.rglob("*.py")]
     originals = [_dumps(p.read_text()) for p in SOURCE.rglob("*.py")]
     blobs = [p.read_bytes() for p in home.rglob("*") if p.is_file()]
-    checked = 0
-    for reference in LABS[lab].references:
-        function = resolve(reference)
-        while not function.__code__.co_filename.endswith(".py") or "/torch/" in \
-                function.__code__.co_filename:
-            function = function.__wrapped__
-        code = function.__code__.co_code
-        if len(code) < 48:  # `return self.n`: bytecode that any class may hold; no fingerprint
-            continue
-        checked += 1
-        body = _body_dump(function)
-        # a body lib_dist holds elsewhere too (a GPT block's residual sum) is no secret: the
-        # edition must have one copy fewer, the reference's
-        here, before = (sum(t.count(body) for t in texts), sum(t.count(body) for t in originals))
-        assert here < before, (reference, here, before)
-        assert before > 1 or not any(code in blob for blob in blobs), reference
-        marshalled = marshal.dumps(function.__code__)
-        assert not any(marshalled in blob for blob in blobs), reference
-    assert checked >= len(LABS[lab].references) // 2
+    for lab in labs:
+        checked = 0
+        for reference in LABS[lab].references:
+            function = resolve(reference)
+            while not function.__code__.co_filename.endswith(".py") or "/torch/" in \
+                    function.__code__.co_filename:
+                function = function.__wrapped__
+            code = function.__code__.co_code
+            if len(code) < 48:  # `return self.n`: bytecode that any class may hold; no fingerprint
+                continue
+            checked += 1
+            body = _body_dump(function)
+            # a body lib_dist holds elsewhere too (a GPT block's residual sum) is no secret: the
+            # edition must have one copy fewer, the reference's
+            here, before = (sum(t.count(body) for t in texts), sum(t.count(body) for t in originals))
+            assert here < before, (reference, here, before)
+            assert before > 1 or not any(code in blob for blob in blobs), reference
+            marshalled = marshal.dumps(function.__code__)
+            assert not any(marshalled in blob for blob in blobs), reference
+        assert checked >= len(LABS[lab].references) // 2, lab
 
 
 def _body_dump(function) -> str:
