@@ -13,11 +13,6 @@ Settings from the environment (defaults for a class on this machine):
     LIB_DIST_STUDENTS       comma-separated unix users who may log in as students
     LIB_DIST_INSTRUCTOR     the instructor's unix user (an admin of the hub)
     LIB_DIST_PROXY          the configurable-http-proxy command (`make hub-tool` installs it)
-    LIB_DIST_STUDENT_EDITION  the student edition of lib_dist that `python -m grader release`
-                            built (<course>/labs/student_edition): first on the students'
-                            PYTHONPATH, so that their lib_dist holds no lab's answers (the
-                            instructor keeps the full one); unset, students import this kit's
-                            full lib_dist, answers included
 
 What a real deployment changes: an authenticator for the university's accounts (LTI from the
 learning platform with `ltiauthenticator`, or OAuth with `oauthenticator`) instead of PAM, and
@@ -63,15 +58,5 @@ c.Spawner.environment = {
     **{
     name: os.environ[name] for name in ("LIB_DIST_EXCHANGE", "LIB_DIST_COURSE_ID")
     if name in os.environ}}
-STUDENT_EDITION = os.environ.get("LIB_DIST_STUDENT_EDITION", "")
-
-
-def python_path(spawner) -> str:
-    """The student edition first for students; the instructor's lib_dist is the full one."""
-    return "" if spawner.user.name == INSTRUCTOR else STUDENT_EDITION
-
-
-if STUDENT_EDITION:
-    c.Spawner.environment["PYTHONPATH"] = python_path
 c.Spawner.http_timeout = 60
 c.Spawner.start_timeout = 120

@@ -18,7 +18,7 @@ oracles when it is imported, in the judge and on every engine (`lib_dist/__init_
 The student edition (`student_edition`, built by `python -m grader release` into
 `labs/student_edition/`) is the same copy with every lab's references stubbed at once, each
 naming the first lab that asks for it, and no oracle guarded: what a student's environment
-imports, so that opening lib_dist's source shows no answer.
+is to import, so that opening lib_dist's source shows no answer (README: what it still lacks).
 """
 
 from __future__ import annotations
