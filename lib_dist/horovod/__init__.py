@@ -11,7 +11,7 @@ averages the gradients over the ranks before each step. Here the same API runs o
 communicator (gloo on CPU, NCCL on GPUs, lib_dist's tuned all-reduce), which makes it readable
 end to end:
 
-- `basics`: `init`, `shutdown`, `size`, `rank`, local and cross ranks, what is built;
+- `basics`: `init`, `shutdown`, `size`, `rank`, local and cross ranks; `built`: what is built;
 - `ops`, `gather`, `scatter`: allreduce, allgather, broadcast, alltoall, reducescatter (in
   place `_`, asynchronous `_async` with int handles, `synchronize`, `poll`), `barrier`,
   `join` (uneven batches); `grouped`: their grouped forms; `autograd`: the out-of-place forms,
@@ -32,10 +32,12 @@ Horovod has and this lacks is an AttributeError saying so.
 """
 
 from .basics import (
-    ReduceOp, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
-    init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
-    stop_timeline,
+    ReduceOp, cross_rank, cross_size, init, is_homogeneous, is_initialized, local_rank,
+    local_size, rank, shutdown, size, start_timeline, stop_timeline,
+)
+from .built import (
+    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rocm_built,
 )
 from .autograd import allgather, allreduce, alltoall, broadcast, reducescatter
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor

@@ -1,5 +1,5 @@
 """Horovod's process model on lib_dist: `init`, who am I (`rank`, `size`, local and cross
-ranks), `shutdown`, and what this install was built with.
+ranks), `shutdown` (what this install was built with: `built`).
 
 Where the ranks come from: inside an engine of a `lib_dist.cluster.Cluster` (and so under
 `python -m lib_dist.run`), `hvd.init()` takes that engine's communicator, a rank of the
@@ -23,9 +23,6 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
-import torch.distributed as dist
 
 from ..comm import Communicator, SimulatedCommunicator, SimulatedWorld
 from . import timeline, wire
@@ -233,54 +230,6 @@ def stop_timeline() -> None:
         events = [e for part in parts for e in pickle.loads(part)]
     if s.comm.rank == 0:
         timeline.write(Path(recorded.path), events)
-
-
-# -- what this install has ---------------------------------------------------------------
-
-def gloo_built() -> bool:
-    """Whether torch.distributed here has gloo (lib_dist's CPU backend)."""
-    return dist.is_available() and dist.is_gloo_available()
-
-
-def nccl_built() -> bool:
-    """Whether torch.distributed here has NCCL (lib_dist's GPU backend)."""
-    return dist.is_available() and dist.is_nccl_available()
-
-
-def mpi_built() -> bool:
-    """False: lib_dist.horovod never moves data over MPI (an MPI launcher may still start the
-    ranks: `python -m lib_dist.run --engines mpi`)."""
-    return False
-
-
-def gloo_enabled() -> bool:
-    """Whether this run's collectives go over gloo."""
-    return getattr(state().comm, "backend", None) == "gloo"
-
-
-def mpi_enabled() -> bool:
-    return False
-
-
-def mpi_threads_supported() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    """Whether this torch was built with CUDA."""
-    return torch.backends.cuda.is_built()
-
-
-def rocm_built() -> bool:
-    return torch.version.hip is not None
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
 
 
 # -- helpers ----------------------------------------------------------------------------
