@@ -53,7 +53,7 @@ def judged_edition(folder: Path, lab: str) -> Path:
         return home
     home.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{lab}-", dir=home.parent))
-    _build(scratch / "lib_dist", [lab], judged=lab)
+    _build(scratch / "lib_dist", judged=lab)
     try:
         os.rename(scratch, home)  # atomic: graders working at once each build, one wins
     except OSError:
@@ -75,7 +75,7 @@ def student_edition(folder: Path) -> Path:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    _build(scratch / "lib_dist", sorted(LABS), judged=None)
+    _build(scratch / "lib_dist", judged=None)
     (scratch / "SOURCE_HASH").write_text(wanted)
     if folder.exists():
         stale = Path(tempfile.mkdtemp(prefix=f".{folder.name}-stale-", dir=folder.parent))
@@ -85,11 +85,11 @@ def student_edition(folder: Path) -> Path:
     return folder
 
 
-def _build(target: Path, labs: list[str], judged: str | None) -> None:
-    """lib_dist copied to `target` with the references of `labs` stubbed; `judged` names the
-    lab the copy is judged for (its oracles guarded on import), None for the student edition."""
+def _build(target: Path, judged: str | None) -> None:
+    """lib_dist copied to `target`: judged for the lab `judged` (its references stubbed, its
+    oracles guarded on import), or the student edition (None: every lab's references stubbed)."""
     shutil.copytree(SOURCE, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for path, names in _references_by_file(labs).items():
+    for path, names in _references_by_file([judged] if judged else sorted(LABS)).items():
         copy = target / Path(path).relative_to(SOURCE)
         copy.write_text(stubbed(Path(path).read_text(encoding="utf-8"), names), encoding="utf-8")
     what = ("The lab this copy of lib_dist is judged for (grader.edition)." if judged else

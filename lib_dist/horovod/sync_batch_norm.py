@@ -2,8 +2,8 @@
 batch together, as if one process had normalised the concatenated batch.
 
 Each rank's batch is too small for good statistics when a global batch is split N ways; this
-layer all-reduces them. It takes two differentiable allreduces (sums, then squared deviations
-from the global mean: more allreduces than Horovod's one, but no `E[x^2] - E[x]^2`
+layer all-reduces them: the count, then two differentiable allreduces (sums, then squared
+deviations from the global mean: more allreduces than Horovod's, but no `E[x^2] - E[x]^2`
 cancellation), so the gradients reach every rank's input through the global mean and variance,
 as autograd's rules for `allreduce` send them. On CPU tensors too (Horovod's needs a GPU). In
 eval mode it normalises with the running statistics, like `torch.nn.BatchNorm*d`.
