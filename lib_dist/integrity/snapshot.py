@@ -17,6 +17,7 @@ import pkgutil
 import sys
 import types
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import Any
 
 # Builtins that IPython itself rebinds while running cells: not something tests compare with.
@@ -80,19 +81,25 @@ class Snapshot:
         self.classes = classes
         self.bindings = dict(self._bindings())
         self._namespaces = [vars(m) for m in modules] + [vars(c) for c in classes]
+        self._modules = list(self.modules.values())
         self._fingerprint = self._fingerprints()
 
-    def _fingerprints(self) -> list[list[Any]]:
-        return [list(namespace.values()) for namespace in self._namespaces]
+    def _fingerprints(self) -> tuple[list[int], list[Any]]:
+        """Each namespace's length, and every namespace's values one after another."""
+        return (list(map(len, self._namespaces)),
+                list(chain.from_iterable(map(_values, self._namespaces))))
 
     def _unchanged(self) -> bool:
-        """The quick check, a fraction of a millisecond: every binding is the object it was.
-        By identity (`operator.is_`), not equality, which a value's own __eq__ could fake;
-        and not through `id()`, which an audit hook hears every call of."""
-        return (all(len(namespace) == len(values)
-                    and all(map(operator.is_, namespace.values(), values))
-                    for namespace, values in zip(self._namespaces, self._fingerprint))
-                and all(sys.modules.get(name) is m for name, m in self.modules.items()))
+        """The quick check, a fraction of a millisecond, run each time an answer returns:
+        every binding is the object it was. By identity (`operator.is_`), not equality, which a
+        value's own __eq__ could fake; and not through `id()`, which an audit hook hears every
+        call of. Equal lengths make the values line up namespace by namespace; the loops are
+        the interpreter's own (map, chain), not Python's: ~9,000 bindings each time."""
+        lengths, values = self._fingerprint
+        return (list(map(len, self._namespaces)) == lengths
+                and all(map(operator.is_, chain.from_iterable(map(_values, self._namespaces)),
+                            values))
+                and all(map(operator.is_, map(sys.modules.get, self.modules), self._modules)))
 
     def _bindings(self) -> Iterator[tuple[str, Any]]:
         for name, module in self.modules.items():
@@ -137,3 +144,4 @@ def namespace_changes(before: dict[str, Any], namespace: dict[str, Any],
 
 
 _MISSING = object()
+_values = operator.methodcaller("values")  # of a module's dict or a class's mappingproxy
