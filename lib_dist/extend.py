@@ -254,7 +254,7 @@ LABS: dict[str, Lab] = {
          *(f"lib_dist.parameter_server:TopK.{method}" for method in (
              "__init__", "k", "compress", "decompress"))),
         oracles=("lib_dist.parameter_server:replay_async",),
-        engines=True),
+        engines=True, preload=("torch._dynamo",)),
 }
 
 __all__ = ["FALLBACK", "LABS", "Definitions", "Lab", "MissingDefinition", "definitions"]
