@@ -105,15 +105,15 @@ def _run_once(lab: str, answers: list[str], cells: list[Cell], start: int, cwd: 
                                    cwd=cwd, env=env, start_new_session=True)
     finally:
         os.close(write_end)
+    reader = _Reader(key, nonce, cells, found)
     try:
         assert process.stdin is not None
         process.stdin.write(json.dumps(job).encode())
         process.stdin.close()
-        reader = _Reader(key, nonce, cells, found)
         return reader.follow(read_end, process, start, timeout, died_why)
     finally:
         os.close(read_end)
-        _end(process)
+        _end(process, patience=0 if reader.finished else 10)
 
 
 class _Reader:
@@ -203,10 +203,14 @@ def _death(code: int | None, why: str) -> str:
             + (f" ({why})" if why else " (os._exit, a crash, or running out of memory)"))
 
 
-def _end(process: subprocess.Popen[bytes]) -> None:
-    """End the judge and everything in its session (engines, a student's children)."""
+def _end(process: subprocess.Popen[bytes], patience: float) -> None:
+    """End the judge and everything in its session (engines, a student's children), after
+    `patience` seconds to exit by itself. A judge that said every cell ran has no more to say:
+    it is ended at once (its interpreter's teardown, torch's included, would cost the
+    submission about a second)."""
     try:
-        process.wait(timeout=stretched(10))
+        if patience:
+            process.wait(timeout=stretched(patience))
     except subprocess.TimeoutExpired:
         pass
     try:
