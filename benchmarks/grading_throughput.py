@@ -18,8 +18,11 @@ plus what is paid once: the all-reduce tuner's calibration on a new machine
 grader's own preparation per grading run, and each lab's judged edition of lib_dist
 (`grader.edition`, built once per lab and kept: timed apart, before its lab is graded).
 
+`--kernel-too` grades every lab the same way in a kernel as well (the grader before the judge)
+and projects the class for it too, in the same run: the judge's cost over the whole course.
+
     python benchmarks/grading_throughput.py [--students 6] [--per-lab 4] [--rounds 1]
-                                            [--class-size 30] [--jobs J]
+                                            [--kernel-too] [--class-size 30] [--jobs J]
 """
 
 from __future__ import annotations
@@ -127,6 +130,8 @@ def main() -> None:
     parser.add_argument("--students", type=int, default=6)
     parser.add_argument("--per-lab", type=int, default=4, help="submissions of each lab")
     parser.add_argument("--rounds", type=int, default=1, help="of every lab (medians)")
+    parser.add_argument("--kernel-too", action="store_true",
+                        help="every lab graded in a kernel too, and its class projected")
     parser.add_argument("--class-size", type=int, default=30)
     parser.add_argument("--jobs", type=int, help="at once (default: the grader's default)")
     args = parser.parse_args()
@@ -165,24 +170,33 @@ def main() -> None:
     print(f"first half {statistics.mean(real[:half]):.2f} s, second half "
           f"{statistics.mean(real[half:]):.2f} s per submission (flat = linear in students)")
 
-    rounds: dict[str, list[float]] = {lab: [] for lab in labs()}
+    ways = {"judge": {}, "kernel": {"judged": False}} if args.kernel_too else {"judge": {}}
+    rounds: dict[tuple[str, str], list[float]] = {}
     editions: dict[str, float] = {}
     for turn in range(args.rounds):
         for lab in labs():
-            outcomes = full_marks(in_scratch(lab, args.per_lab, jobs=jobs, paid_once=editions))
-            rounds[lab].append(wall_per_submission(outcomes))
-            print(f"{lab:22s} {rounds[lab][-1]:5.1f} s per submission ({args.per_lab} of its "
-                  f"solution, {jobs} at a time, in the sandbox; each took "
-                  f"{statistics.median(o.seconds for o in outcomes):.1f} s, median; round "
-                  f"{turn + 1} of {args.rounds})", flush=True)
-    per_lab = {lab: statistics.median(seconds) for lab, seconds in rounds.items()}
-    once = calibration + len(per_lab) * per_run + sum(editions.values())
-    total = args.class_size * sum(per_lab.values()) + once
+            for way, options in ways.items():  # interleaved: the machine's moods hit both
+                outcomes = full_marks(in_scratch(lab, args.per_lab, jobs=jobs,
+                                                 paid_once=editions, **options))
+                seconds = rounds.setdefault((way, lab), [])
+                seconds.append(wall_per_submission(outcomes))
+                print(f"{lab:22s} {seconds[-1]:5.1f} s per submission by the {way} "
+                      f"({args.per_lab} of its solution, {jobs} at a time, in the sandbox; "
+                      f"each took {statistics.median(o.seconds for o in outcomes):.1f} s, "
+                      f"median; round {turn + 1} of {args.rounds})", flush=True)
+    once = calibration + len(labs()) * per_run + sum(editions.values())
     print(f"once: tuner calibration {calibration:.1f} s (new machine), {per_run:.1f} s per "
           f"grading run to check it, {sum(editions.values()):.1f} s for the {len(editions)} "
           f"labs' judged editions")
-    print(f"projected {args.class_size} students x {len(per_lab)} labs: {total / 60:.1f} min "
-          f"({args.class_size} x {sum(per_lab.values()):.1f} s + {once:.0f} s once)")
+    projected = {}
+    for way in ways:
+        per_lab = sum(statistics.median(rounds[way, lab]) for lab in labs())
+        projected[way] = args.class_size * per_lab + once
+        print(f"projected {args.class_size} students x {len(labs())} labs, by the {way}: "
+              f"{projected[way] / 60:.1f} min ({args.class_size} x {per_lab:.1f} s + "
+              f"{once:.0f} s once)")
+    if args.kernel_too:
+        print(f"judge / kernel, the whole class: {projected['judge'] / projected['kernel']:.2f}")
     shutil.rmtree(os.environ[CACHE_ENV], ignore_errors=True)
 
 
