@@ -100,7 +100,31 @@ def seconds_per_submission(root: Path, lab: str, students: int, engines: bool = 
     for i in range(students):
         synthetic.save(synthetic.solved(course, lab), folder, f"student{i:02d}", lab)
     subs, _ = find_submissions(course, folder)
-    return autograde(course, subs, progress=False, jobs=jobs)
+    outcomes = autograde(course, subs, progress=False, jobs=jobs)
+    for outcome in outcomes:  # each must score full marks, or the timing means nothing
+        if outcome.score != outcome.max_score:
+            raise AssertionError(f"{lab} ({options_said(engines, sandbox, jobs, judged)}): "
+                                 f"{outcome.submission.student} scored {outcome.score} of "
+                                 f"{outcome.max_score} {outcome.error}\n"
+                                 + failures(course.autograded_notebook(
+                                     lab, outcome.submission.student)))
+    return outcomes
+
+
+def options_said(engines: bool, sandbox: bool, jobs: int, judged: bool) -> str:
+    return (f"{'engines' if engines else 'threads'}, {'' if sandbox else 'no '}sandbox, "
+            f"{jobs} at once, {'judge' if judged else 'kernel'}")
+
+
+def failures(notebook: Path) -> str:
+    """The cells of an autograded notebook that ended with an error, and the error."""
+    if not notebook.is_file():
+        return f"(no {notebook})"
+    nb = nbformat.read(notebook, as_version=4)
+    return "\n".join(f"  {cell.metadata.get('nbgrader', {}).get('grade_id')}: "
+                     f"{out.get('ename')}: {str(out.get('evalue'))[:500]}"
+                     for cell in nb.cells for out in cell.get("outputs", [])
+                     if out.get("output_type") == "error")
 
 
 def in_scratch(lab: str, students: int, **options) -> list[Outcome]:
@@ -109,7 +133,7 @@ def in_scratch(lab: str, students: int, **options) -> list[Outcome]:
 
 
 def full_marks(outcomes: list[Outcome]) -> list[Outcome]:
-    """Each must have scored full marks, or the timing means nothing."""
+    """Each scored full marks (`seconds_per_submission` raised, saying where, otherwise)."""
     assert all(o.score == o.max_score for o in outcomes), [o.error for o in outcomes]
     return outcomes
 
