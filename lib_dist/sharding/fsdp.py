@@ -1,0 +1,226 @@
+"""ZeRO stage 3 / FSDP: parameters sharded too, gathered one unit at a time when needed.
+
+Stages 1 and 2 still give every rank every parameter. Stage 3 keeps, on rank r, only chunk r of
+each unit's flattened parameters (a unit: a transformer block, say; whatever is in no unit
+belongs to the root). A unit's full parameters exist only while it computes:
+
+- forward: just before the unit runs, all-gather its chunks into the full flat vector and
+  point the unit's parameter names at views of it; just after, drop them (freed);
+- backward: autograd needs some of those parameters again (a matmul's gradient with respect to
+  its input needs the weight). What autograd saves of a gathered parameter is not the tensor
+  but where it was (a `saved_tensors_hooks` pack); when backward reaches the unit, the first
+  unpack all-gathers the unit again, and the gathered copy lives until the unit's gradients
+  are done;
+- the full gradient of the unit's flat vector is reduce-scattered (averaged): rank r keeps the
+  gradient of its chunk, which the optimizer steps. The gathering is one autograd Function
+  (`Gathered`): all-gather forward, reduce-scatter backward.
+
+Traffic per step per rank: all-gather forward, all-gather again in backward, reduce-scatter of
+the gradients: 3 x (N - 1) / N x P numbers, against 2 for stages 1-2. Memory: P / N of
+parameters, gradients and optimizer state, plus the largest unit gathered (or two, with the
+root).
+
+    sharded = FSDP(model, comm, units=list(model.blocks))  # units must not nest
+    optimizer = torch.optim.AdamW(sharded.parameters())   # its parameters: the shards
+    loss(sharded(x), y).backward(); optimizer.step()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..comm import Communicator
+
+
+class Gathered(torch.autograd.Function):
+    """forward: the unit's full flat parameters from every rank's chunk (all-gather);
+    backward: this rank's chunk of the average gradient (reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx: Any, chunk: torch.Tensor, unit: Unit) -> torch.Tensor:
+        ctx.unit = unit
+        return unit.gather(chunk.detach())
+
+    @staticmethod
+    def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None]:
+        unit: Unit = ctx.unit
+        unit.regathered = None  # its backward is done: the second gathered copy goes
+        return unit.comm.reduce_scatter(grad_full.contiguous(), op="avg"), None
+
+
+class Unit:
+    """A module's own parameters (those no inner unit owns), flattened and sharded."""
+
+    def __init__(self, module: nn.Module, slots: list[tuple[nn.Module, str, int]],
+                 params: list[nn.Parameter], comm: Communicator):
+        self.module, self.comm = module, comm
+        self.shapes = [p.shape for p in params]
+        self.slots = slots  # (module, attribute name, index into params) of each use
+        self.numel = sum(p.numel() for p in params)
+        self.chunk_size = -(-self.numel // comm.world_size)
+        with torch.no_grad():
+            flat = torch.cat([p.detach().reshape(-1) for p in params])
+            flat = torch.cat([flat, flat.new_zeros(self.chunk_size * comm.world_size
+                                                   - self.numel)])
+            start = comm.rank * self.chunk_size
+        self.shard = nn.Parameter(flat[start:start + self.chunk_size].clone())
+        self.gathered: torch.Tensor | None = None  # during its forward
+        self.regathered: torch.Tensor | None = None  # during its backward
+        self.gathers = 0
+
+    def gather(self, chunk: torch.Tensor) -> torch.Tensor:
+        """All-gather every rank's chunk: the full flat vector, padding included."""
+        self.gathers += 1
+        return torch.cat(self.comm.all_gather(chunk.contiguous()))
+
+    def bind(self, flat: torch.Tensor) -> None:
+        """Point each use of each parameter at its view of `flat`."""
+        views, offset = [], 0
+        for shape in self.shapes:
+            size = shape.numel()
+            views.append(flat[offset:offset + size].view(shape))
+            offset += size
+        for module, name, index in self.slots:
+            setattr(module, name, views[index])
+
+    def unbind(self) -> None:
+        for module, name, _ in self.slots:
+            setattr(module, name, None)
+
+    def saved_again(self) -> torch.Tensor:
+        """The full flat vector for backward: gathered once more, then kept until the unit's
+        gradient has been reduce-scattered."""
+        if self.regathered is None:
+            with torch.no_grad():
+                self.regathered = self.gather(self.shard.detach())
+        return self.regathered
+
+
+class FSDP(nn.Module):
+    """`module` with its parameters sharded over `comm`'s ranks, unit by unit (`units`: its
+    submodules gathered one at a time, e.g. a GPT's blocks; the rest is the root unit)."""
+
+    def __init__(self, module: nn.Module, comm: Communicator,
+                 units: Iterable[nn.Module] = ()):
+        super().__init__()
+        self.module = module
+        inner = list(units)
+        _refuse_shared(module, inner)
+        self.units = [_shard(unit, comm) for unit in inner]
+        self.units.append(_shard(module, comm, skip=inner))
+        self.units = [u for u in self.units if u.numel]
+        self._shards = nn.ParameterList([u.shard for u in self.units])
+        for unit in self.units[:-1]:
+            unit.module.register_forward_pre_hook(self._before(unit))
+            unit.module.register_forward_hook(self._after(unit))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        root = self.units[-1]
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            self._gather(root)
+            try:
+                return self.module(*args, **kwargs)
+            finally:
+                self._release(root)
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter, whole, under its name in the wrapped module (a collective: every
+        rank calls it; a tied parameter under each of its names)."""
+        names = {id(m): name for name, m in self.module.named_modules()}
+        state = {}
+        for unit in self.units:
+            flat = unit.gather(unit.shard.detach())
+            offsets = [0]
+            for shape in unit.shapes:
+                offsets.append(offsets[-1] + shape.numel())
+            for module, attribute, index in unit.slots:
+                prefix = names[id(module)]
+                piece = flat[offsets[index]:offsets[index + 1]].view(unit.shapes[index])
+                state[f"{prefix}.{attribute}" if prefix else attribute] = piece.clone()
+        return state
+
+    def _before(self, unit: Unit) -> Any:
+        return lambda module, args: self._gather(unit)
+
+    def _after(self, unit: Unit) -> Any:
+        return lambda module, args, output: self._release(unit)
+
+    def _gather(self, unit: Unit) -> None:
+        unit.gathered = Gathered.apply(unit.shard, unit)
+        unit.bind(unit.gathered)
+
+    @staticmethod
+    def _release(unit: Unit) -> None:
+        unit.unbind()
+        unit.gathered = None
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        """What autograd keeps of a saved tensor: for a view of a gathered unit, where it
+        was, not the tensor (which would keep the whole unit gathered until backward)."""
+        for index, unit in enumerate(self.units):
+            if unit.gathered is not None and _same_storage(tensor, unit.gathered):
+                return index, tensor.storage_offset(), tensor.shape, tensor.stride()
+        return tensor
+
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        index, offset, shape, stride = packed
+        return self.units[index].saved_again().as_strided(shape, stride, offset)
+
+
+def _shard(module: nn.Module, comm: Communicator, skip: Iterable[nn.Module] = ()) -> Unit:
+    """`module`'s parameters, except those inside `skip`'s modules, taken out of their modules
+    and sharded into a Unit (a parameter used in two places, like tied embeddings, once)."""
+    inside_skip = {id(m) for s in skip for m in s.modules()}
+    params: list[nn.Parameter] = []
+    slots: list[tuple[nn.Module, str, int]] = []
+    for owner in module.modules():
+        if id(owner) in inside_skip:
+            continue
+        for name, p in list(owner._parameters.items()):
+            if p is None:
+                continue
+            index = next((i for i, q in enumerate(params) if q is p), None)
+            if index is None:
+                params.append(p)
+                index = len(params) - 1
+            slots.append((owner, name, index))
+    unit = Unit(module, slots, params, comm)
+    for owner, name, _ in slots:
+        del owner._parameters[name]
+        setattr(owner, name, None)
+    return unit
+
+
+def _refuse_shared(root: nn.Module, units: list[nn.Module]) -> None:
+    """A parameter one unit shards must not be used outside it: the other user would see a
+    copy that no one updates (tied embeddings split between two units, the classic case)."""
+    users: dict[int, list[str]] = {}
+    inside = {id(m) for unit in units for m in unit.modules()}
+    for i, unit in enumerate(units):
+        for p in {id(q) for q in unit.parameters()}:
+            users.setdefault(p, []).append(f"unit {i} ({type(unit).__name__})")
+    for owner in root.modules():
+        if id(owner) not in inside:
+            for q in owner._parameters.values():
+                if q is not None and id(q) in users:
+                    users[id(q)].append(f"{type(owner).__name__} outside every unit")
+    for names in users.values():
+        if len(set(names)) > 1:
+            raise ValueError(f"a parameter is used by {' and by '.join(sorted(set(names)))} "
+                             f"(tied weights?); a unit shards its parameters, so put every "
+                             f"module using one parameter in the same unit, or leave them all "
+                             f"to the root")
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+__all__ = ["FSDP", "Gathered", "Unit"]

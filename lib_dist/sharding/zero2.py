@@ -1,0 +1,163 @@
+"""ZeRO stage 2: each rank keeps its shard of the optimizer state *and* of the gradients.
+
+Stage 1 (module 7's `ZeroOptimizer`) shards the optimizer state but lets backward build every
+full gradient before reduce-scattering them all at the end: for a moment each rank holds all
+P gradients. Stage 2 reduce-scatters them while backward runs. Parameters are grouped into
+buckets in reverse registration order (backward produces the last layer's gradients first);
+when every gradient of a bucket is ready, the bucket is flattened, zero-padded to a multiple
+of N and reduce-scattered: rank r receives the average of chunk r, keeps it as the gradient of
+its shard of the bucket, and the full gradients are freed at once. A rank then holds at most
+one bucket of full gradients, plus its shards' gradients (P / N).
+
+One step is the same traffic as stage 1: a reduce-scatter of every gradient (in buckets) and
+an all-gather of the updated shards, bucket by bucket: 2 x (N - 1) / N x P numbers sent per
+rank, what one all-reduce sends.
+
+Rules that keep the ranks in step: buckets are reduced in index order on every rank (a ready
+bucket waits for the ones before it); a parameter this rank did not use contributes zeros, in
+`step`, which reduces whatever backward did not. One backward per step: a second backward
+before `step` would find its buckets already reduced, and is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from ..comm import Communicator
+from ..train.memory import optimizer_state_bytes
+
+
+class Bucket:
+    """Parameters whose gradients are reduce-scattered together, and this rank's chunk."""
+
+    def __init__(self, params: list[torch.Tensor], world_size: int, rank: int):
+        self.params = params
+        self.numel = sum(p.numel() for p in params)
+        self.chunk = -(-self.numel // world_size)  # every rank's share, padding included
+        self.padded = self.chunk * world_size
+        self.start = rank * self.chunk
+        self.ready: set[int] = set()  # ids of the parameters whose gradient is complete
+        self.reduced = False
+
+    def flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The tensors flattened, one after another, zero-padded to N chunks: (padded,)."""
+        total = torch.cat([t.reshape(-1) for t in tensors])
+        return torch.cat([total, total.new_zeros(self.padded - self.numel)])
+
+    def my_chunk(self) -> torch.Tensor:
+        """This rank's chunk of the parameters, as they are now: (chunk,)."""
+        with torch.no_grad():
+            return self.flat([p.detach() for p in self.params])[self.start:self.start + self.chunk]
+
+
+class Zero2Optimizer:
+    """`optimizer_class(**hyperparameters)` over this rank's shard of `params`, whose
+    gradients are reduce-scattered in buckets of about `bucket_bytes` during backward."""
+
+    def __init__(self, params: Iterable[torch.Tensor], comm: Communicator,
+                 optimizer_class: Callable[..., torch.optim.Optimizer],
+                 bucket_bytes: int = 1 << 20, **hyperparameters: Any):
+        self.params = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("Zero2Optimizer got no parameter that requires a gradient")
+        self.comm = comm
+        self.dtype = self.params[0].dtype
+        master = torch.float32 if self.dtype in (torch.float16, torch.bfloat16) else self.dtype
+        self.buckets = [Bucket(group, comm.world_size, comm.rank)
+                        for group in buckets_of(self.params[::-1], bucket_bytes)]
+        self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.shards = [b.my_chunk().to(master).clone().requires_grad_() for b in self.buckets]
+        self.optimizer = optimizer_class(self.shards, **hyperparameters)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                       for p in self.params]
+        self._next = 0  # the first bucket not reduced yet
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        bucket = self.bucket_of[id(param)]
+        if bucket.reduced:
+            raise RuntimeError("Zero2Optimizer reduce-scatters gradients during backward: "
+                               "a second backward before step() would add to gradients that "
+                               "are gone. Call step() (and zero_grad()) after each backward")
+        bucket.ready.add(id(param))
+        while self._next < len(self.buckets):  # in index order, as on every other rank
+            first = self.buckets[self._next]
+            if len(first.ready) < len(first.params):
+                break
+            self._reduce(self._next)
+
+    def _reduce(self, index: int) -> None:
+        """Reduce-scatter bucket `index`'s gradients (zeros where a parameter has none); keep
+        this rank's chunk as its shard's gradient and free the full gradients."""
+        bucket, shard = self.buckets[index], self.shards[index]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
+        mine = self.comm.reduce_scatter(bucket.flat(grads).to(self.dtype), op="avg")
+        shard.grad = mine.to(shard.dtype)
+        for p in bucket.params:
+            p.grad = None
+        bucket.reduced = True
+        self._next = index + 1
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Reduce what backward did not, step the shards, all-gather the parameters."""
+        for index in range(self._next, len(self.buckets)):
+            self._reduce(index)
+        self.optimizer.step()
+        for bucket, shard in zip(self.buckets, self.shards):
+            gathered = torch.cat(self.comm.all_gather(shard.detach().to(self.dtype)))
+            pieces = gathered[:bucket.numel].split([p.numel() for p in bucket.params])
+            for p, piece in zip(bucket.params, pieces):
+                p.copy_(piece.view_as(p))
+        self._start_over()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the shards' gradients (the parameters' were freed by the reduce-scatter)."""
+        for p in self.params:
+            p.grad = None
+        for shard in self.shards:
+            shard.grad = None
+        self._start_over()
+
+    def _start_over(self) -> None:
+        for bucket in self.buckets:
+            bucket.ready.clear()
+            bucket.reduced = False
+        self._next = 0
+
+    def state_bytes(self) -> int:
+        """Bytes of this rank's optimizer state: its shards' moments and master copies."""
+        masters = sum(s.nbytes for s in self.shards) if self.shards[0].dtype != self.dtype else 0
+        return optimizer_state_bytes(self.optimizer) + masters
+
+    def gradient_bytes(self) -> int:
+        """Bytes of gradients this rank holds now: its shards' and any full ones not freed."""
+        return (sum(s.grad.nbytes for s in self.shards if s.grad is not None)
+                + sum(p.grad.nbytes for p in self.params if p.grad is not None))
+
+    def remove_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+
+def buckets_of(params: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """`params` in order, cut into groups of at most `bucket_bytes` (a larger parameter
+    alone in its group)."""
+    groups: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for p in params:
+        if groups[-1] and size + p.nbytes > bucket_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(p)
+        size += p.nbytes
+    return groups
+
+
+__all__ = ["Bucket", "Zero2Optimizer", "buckets_of"]

@@ -1,0 +1,148 @@
+"""ZeRO-2 (lib_dist.sharding.Zero2Optimizer) on 1-4 simulated ranks: the parameters of ZeRO-1
+(module 7's ZeroOptimizer) and of an unsharded AdamW on the average gradient; gradients
+reduce-scattered bucket by bucket during backward and freed, so a rank holds its shard of
+them; the traffic of one all-reduce per step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from lib_dist.comm import SimulatedWorld
+from lib_dist.mixed_precision import ZeroOptimizer, zero_traffic_per_rank
+from lib_dist.sharding import Zero2Optimizer
+from lib_dist.sharding.zero2 import buckets_of
+
+F64 = torch.float64
+ADAMW = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1)
+BUCKET_BYTES = 40 * 8  # a few buckets for this small model: 5x6+6, then 6x3+3 = 3 buckets
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3)).to(F64)
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 5, generator=g, dtype=F64), torch.randn(8, 3, generator=g, dtype=F64)
+
+
+def loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (net(x) - y).pow(2).mean()
+
+
+def train(comm, base: nn.Module, steps: int, stage: int):
+    net = copy.deepcopy(base)
+    if stage == 2:
+        opt = Zero2Optimizer(net.parameters(), comm, torch.optim.AdamW,
+                             bucket_bytes=BUCKET_BYTES, **ADAMW)
+    else:
+        opt = ZeroOptimizer(net.parameters(), comm, torch.optim.AdamW, **ADAMW)
+    held = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss(net, *batch(step, comm.rank)).backward()
+        if stage == 2:
+            held.append(opt.gradient_bytes())  # after backward, before step
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()], held
+
+
+def test_buckets_are_cut_by_bytes_in_the_order_given():
+    params = [torch.zeros(n, dtype=F64) for n in (30, 6, 18, 3)]
+    assert [[p.numel() for p in g] for g in buckets_of(params, 40 * 8)] == [[30, 6], [18, 3]]
+    assert [[p.numel() for p in g] for g in buckets_of(params, 8)] == [[30], [6], [18], [3]]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_zero2_trains_as_zero1(n):
+    base = model()
+    stage2 = SimulatedWorld(n).run(train, base, 4, 2)
+    stage1 = SimulatedWorld(n).run(train, base, 4, 1)
+    for (got, _), (want, _) in zip(stage2, stage1):
+        for g, w in zip(got, want):
+            # AdamW works element by element on the same averages; with 3 or more ranks an
+            # element's sum starts at its owner, which differs between one flat vector and
+            # buckets: the same terms in another order, float64, 4 steps of lr 1e-2
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    assert not torch.equal(stage2[0][0][0], base[0].weight)  # it trained
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_rank_holds_only_its_shard_of_the_gradients_after_backward(n):
+    base = model()
+    results = SimulatedWorld(n).run(train, base, 2, 2)
+    numel = sum(p.numel() for p in base.parameters())
+    sizes = [36, 21]  # the buckets, last layer's first: (6x3 + 3), (5x6 + 6)
+    assert sum(sizes) == numel
+    shard = sum(-(-size // n) for size in sizes)
+    for _, held in results:
+        assert held == [shard * 8] * 2, (held, numel * 8)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_each_bucket_is_one_reduce_scatter_during_backward_and_one_all_gather(n):
+    base = model()
+    world = SimulatedWorld(n)
+    steps = 3
+    world.run(train, base, steps, 2)
+    sizes = [21, 36]
+    padded = [-(-size // n) * n for size in sizes]
+    summary = world.trace.summary()
+    for rank in range(n):
+        collectives = [e.kind for e in world.trace.of_rank(rank)
+                       if e.kind not in ("send", "recv", "compute")]
+        assert collectives == (["reduce_scatter"] * 2 + ["all_gather"] * 2) * steps
+        sent = summary[rank].sent_bytes
+        assert sent == steps * 2 * (n - 1) * sum(padded) * 8 // n
+        assert sent == pytest.approx(steps * zero_traffic_per_rank(2, n, gradient_bytes=8)
+                                     * sum(padded))
+
+
+def test_a_parameter_one_rank_did_not_use_counts_as_zeros_there():
+    base = model()
+
+    def body(comm):
+        net = copy.deepcopy(base)
+        opt = Zero2Optimizer(net.parameters(), comm, torch.optim.SGD, bucket_bytes=1 << 20,
+                             lr=0.1)
+        x, y = batch(0, comm.rank)
+        if comm.rank == 0:
+            loss(net, x, y).backward()
+        else:  # rank 1 uses only the first layer
+            net[0](x).pow(2).mean().backward()
+        opt.step()
+        return [p.detach().clone() for p in net.parameters()]
+
+    got = SimulatedWorld(2).run(body)
+    want = copy.deepcopy(base)
+    x0, y0 = batch(0, 0)
+    x1, _ = batch(0, 1)
+    grads = []
+    for fn in (lambda: loss(want, x0, y0), lambda: want[0](x1).pow(2).mean()):
+        want.zero_grad()
+        fn().backward()
+        grads.append([p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                      for p in want.parameters()])
+    with torch.no_grad():
+        for p, g0, g1 in zip(want.parameters(), *grads):
+            p -= 0.1 * (g0 + g1) / 2
+    for params in got:
+        for g, w in zip(params, want.parameters()):
+            torch.testing.assert_close(g, w.detach(), rtol=0, atol=1e-15)
+
+
+def test_a_second_backward_before_step_is_refused_saying_why():
+    def body(comm):
+        net = copy.deepcopy(model())
+        opt = Zero2Optimizer(net.parameters(), comm, torch.optim.SGD, lr=0.1)
+        loss(net, *batch(0, 0)).backward()
+        with pytest.raises(RuntimeError, match="second backward before step"):
+            loss(net, *batch(1, 0)).backward()
+        return True
+
+    assert SimulatedWorld(1).run(body) == [True]
