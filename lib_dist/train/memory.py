@@ -207,9 +207,9 @@ def measure_peak_memory(model: nn.Module, optimizer: torch.optim.Optimizer, x: t
         step()
     optimizer.zero_grad(set_to_none=True)
     held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-            for t in [*model.parameters(), *model.buffers(), x, y,
-                      *(v for s in optimizer.state.values() for v in s.values()
-                        if isinstance(v, torch.Tensor))]}
+            for t in map(_local, [*model.parameters(), *model.buffers(), x, y,
+                                  *(v for s in optimizer.state.values() for v in s.values()
+                                    if isinstance(v, torch.Tensor))])}
     before = sum(held.values())
     with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU],
                                             profile_memory=True) as prof:
@@ -235,6 +235,12 @@ def measure_peak_memory(model: nn.Module, optimizer: torch.optim.Optimizer, x: t
     a, b = phases[phase]
     return PeakMemory(before, peak, phase, (when - a) / (b - a) if b > a else 0.0, timeline,
                       phases)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """What this process holds of `t`: a DTensor's local shard (torch's FSDP2), else `t`."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
 
 
 @contextmanager
