@@ -54,27 +54,13 @@ def ms_per_step(model: torch.nn.Module, optimizer: Any, steps: int, seed: int) -
 
 # -- recomputation ---------------------------------------------------------------------------
 
-class TorchCheckpointed(torch.nn.Module):
-    def __init__(self, block: torch.nn.Module):
-        super().__init__()
-        self.block = block
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.utils.checkpoint
-
-        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
-
-
 def recomputed(way: str) -> GPT:
-    from lib_dist.recompute import checkpoint_blocks
+    from lib_dist.recompute import TorchCheckpointed, checkpoint_blocks
 
     torch.manual_seed(0)
     model = GPT(CONFIG)
-    if way == "lib_dist":
-        checkpoint_blocks(model.blocks)
-    elif way == "torch":
-        for i, block in enumerate(model.blocks):
-            model.blocks[i] = TorchCheckpointed(block)
+    if way != "none":
+        checkpoint_blocks(model.blocks, wrapper=TorchCheckpointed if way == "torch" else None)
     return model
 
 

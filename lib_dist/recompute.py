@@ -77,11 +77,26 @@ class Checkpointed(nn.Module):
         return checkpoint(self.block, x, replay_rng=self.replay_rng)
 
 
-def checkpoint_blocks(blocks: nn.ModuleList, replay_rng: bool = True) -> nn.ModuleList:
-    """Wrap each block of `blocks` (a GPT's `blocks`) in `Checkpointed`, in place."""
+class TorchCheckpointed(nn.Module):
+    """`block` under torch's own `torch.utils.checkpoint` (non-reentrant): the oracle."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+        return torch_checkpoint(self.block, x, use_reentrant=False)
+
+
+def checkpoint_blocks(blocks: nn.ModuleList, replay_rng: bool = True,
+                      wrapper: type[nn.Module] | None = None) -> nn.ModuleList:
+    """Wrap each block of `blocks` (a GPT's `blocks`) in `Checkpointed`, in place (or in
+    `wrapper`, e.g. `TorchCheckpointed`)."""
     for i, block in enumerate(blocks):
-        if not isinstance(block, Checkpointed):
-            blocks[i] = Checkpointed(block, replay_rng)
+        if not isinstance(block, (Checkpointed, TorchCheckpointed)):
+            blocks[i] = Checkpointed(block, replay_rng) if wrapper is None else wrapper(block)
     return blocks
 
 
@@ -105,5 +120,5 @@ def replayed(state: dict[str, Any] | None) -> Iterator[None]:
         yield
 
 
-__all__ = ["Checkpointed", "Recompute", "checkpoint", "checkpoint_blocks", "replayed",
-           "rng_state"]
+__all__ = ["Checkpointed", "Recompute", "TorchCheckpointed", "checkpoint", "checkpoint_blocks",
+           "replayed", "rng_state"]

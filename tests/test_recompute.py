@@ -7,10 +7,9 @@ import copy
 
 import pytest
 import torch
-import torch.utils.checkpoint
 
 from lib_dist.models import GPT, GPTConfig
-from lib_dist.recompute import checkpoint, checkpoint_blocks
+from lib_dist.recompute import TorchCheckpointed, checkpoint, checkpoint_blocks
 from lib_dist.train.memory import saved_activations
 
 CONFIG = GPTConfig(vocab_size=32, block_size=16, n_layer=3, n_head=2, n_embd=16, dropout=0.2)
@@ -53,18 +52,8 @@ def test_they_equal_torch_utils_checkpoint_on_each_block():
     ours, x = gpt(), tokens()
     theirs = copy.deepcopy(ours)
     checkpoint_blocks(ours.blocks)
-    for i, block in enumerate(theirs.blocks):
-        theirs.blocks[i] = _TorchCheckpointed(block)
+    checkpoint_blocks(theirs.blocks, wrapper=TorchCheckpointed)
     assert_same(gradients(ours, x), gradients(theirs, x))
-
-
-class _TorchCheckpointed(torch.nn.Module):
-    def __init__(self, block: torch.nn.Module):
-        super().__init__()
-        self.block = block
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
 
 
 def test_without_replaying_the_random_state_dropout_draws_other_masks():

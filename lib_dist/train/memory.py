@@ -140,11 +140,16 @@ def saved_activations(model: nn.Module) -> Iterator[dict[int, tuple[torch.dtype,
     model's own parameters and buffers left out: {storage address: (dtype, bytes)}."""
     own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     saved: dict[int, tuple[torch.dtype, int]] = {}
+    # held until the block ends: a saved tensor whose graph is dropped during the forward (a
+    # branch that no output depends on) would free its memory, and a later saved tensor at
+    # the same address would be taken for it
+    alive: list[torch.UntypedStorage] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         if storage.data_ptr() not in own:
             saved.setdefault(storage.data_ptr(), (t.dtype, storage.nbytes()))
+            alive.append(storage)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
