@@ -144,3 +144,34 @@ def test_tied_weights_split_between_units_are_refused_saying_what_to_do():
         return True
 
     assert SimulatedWorld(1).run(body) == [True]
+
+
+def test_two_backward_passes_before_a_step_accumulate_as_in_one_process():
+    """Gradient accumulation: each backward gathers its units again and adds its reduced
+    gradients to the shards'."""
+    base = gpt()
+
+    def body(comm):
+        model = copy.deepcopy(base)
+        sharded = FSDP(model, comm, units=list(model.blocks))
+        optimizer = torch.optim.SGD(sharded.parameters(), lr=0.1)
+        for micro in range(2):
+            loss(sharded, batch(micro, comm.rank)).backward()
+        optimizer.step()
+        return sharded.full_state_dict()
+
+    want = copy.deepcopy(base)
+    for micro in range(2):
+        grads = []
+        for rank in range(2):
+            want.zero_grad()
+            loss(want, batch(micro, rank)).backward()
+            grads.append([p.grad.clone() for p in want.parameters()])
+        for p, g0, g1 in zip(want.parameters(), *grads):
+            p.accumulated = getattr(p, "accumulated", 0) + (g0 + g1) / 2
+    with torch.no_grad():
+        for p in want.parameters():
+            p -= 0.1 * p.accumulated
+    for got in SimulatedWorld(2).run(body):
+        for name, p in want.named_parameters():
+            torch.testing.assert_close(got[name], p.detach(), rtol=0, atol=1e-14, msg=name)
