@@ -86,10 +86,9 @@ def sharded_steps(comm, rounds: int, steps: int) -> dict[str, Any]:
     import copy
 
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from lib_dist.sharding import FSDP
+    from lib_dist.sharding.fsdp import torch_fully_sharded
     from lib_dist.train.memory import measure_peak_memory
 
     torch.manual_seed(0)
@@ -97,10 +96,7 @@ def sharded_steps(comm, rounds: int, steps: int) -> dict[str, Any]:
     ours_model = copy.deepcopy(base)
     ours = FSDP(ours_model, comm, units=list(ours_model.blocks))
     theirs = copy.deepcopy(base)
-    mesh = init_device_mesh("cpu", (comm.world_size,))
-    for block in theirs.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(theirs, mesh=mesh)
+    torch_fully_sharded(theirs, theirs.blocks, comm.world_size)
     models = {"lib_dist": ours, "FSDP2": theirs}
     optimizers = {w: torch.optim.AdamW(m.parameters(), lr=1e-3) for w, m in models.items()}
     times: dict[str, list[float]] = {w: [] for w in models}

@@ -18,11 +18,10 @@ def both_ways(comm, steps):
     import copy
 
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from lib_dist.models import GPT, GPTConfig
     from lib_dist.sharding import FSDP
+    from lib_dist.sharding.fsdp import torch_fully_sharded
 
     config = GPTConfig(vocab_size=24, block_size=8, n_layer=3, n_head=2, n_embd=8)
     torch.manual_seed(0)
@@ -49,10 +48,7 @@ def both_ways(comm, steps):
     held_ours = sum(p.nbytes for p in ours.parameters())
 
     theirs = copy.deepcopy(base)
-    mesh = init_device_mesh("cpu", (comm.world_size,))
-    for block in theirs.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(theirs, mesh=mesh)
+    torch_fully_sharded(theirs, theirs.blocks, comm.world_size)
     train(theirs, theirs.parameters())
     held_theirs = sum(p.to_local().nbytes for p in theirs.parameters())
     full = {name: p.full_tensor().detach() for name, p in theirs.named_parameters()}

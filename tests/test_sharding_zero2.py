@@ -14,11 +14,11 @@ from torch import nn
 from lib_dist.comm import SimulatedWorld
 from lib_dist.mixed_precision import ZeroOptimizer, zero_traffic_per_rank
 from lib_dist.sharding import Zero2Optimizer
-from lib_dist.sharding.zero2 import buckets_of
 
 F64 = torch.float64
 ADAMW = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1)
-BUCKET_BYTES = 40 * 8  # a few buckets for this small model: 5x6+6, then 6x3+3 = 3 buckets
+BUCKET_BYTES = 40 * 8  # data parallel's buckets, from the last parameter: (3 + 6x3 + 6), (5x6)
+SIZES = [27, 30]
 
 
 def model() -> nn.Module:
@@ -52,10 +52,14 @@ def train(comm, base: nn.Module, steps: int, stage: int):
     return [p.detach().clone() for p in net.parameters()], held
 
 
-def test_buckets_are_cut_by_bytes_in_the_order_given():
-    params = [torch.zeros(n, dtype=F64) for n in (30, 6, 18, 3)]
-    assert [[p.numel() for p in g] for g in buckets_of(params, 40 * 8)] == [[30, 6], [18, 3]]
-    assert [[p.numel() for p in g] for g in buckets_of(params, 8)] == [[30], [6], [18], [3]]
+def test_buckets_are_data_parallels_from_the_last_parameter():
+    def layout(comm, bucket_bytes):
+        opt = Zero2Optimizer(model().parameters(), comm, torch.optim.SGD,
+                             bucket_bytes=bucket_bytes, lr=0.1)
+        return [[p.numel() for p in b.params] for b in opt.buckets]
+
+    assert SimulatedWorld(1).run(layout, BUCKET_BYTES) == [[[3, 18, 6], [30]]]
+    assert SimulatedWorld(1).run(layout, 8) == [[[3], [18], [6], [30]]]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -77,9 +81,8 @@ def test_a_rank_holds_only_its_shard_of_the_gradients_after_backward(n):
     base = model()
     results = SimulatedWorld(n).run(train, base, 2, 2)
     numel = sum(p.numel() for p in base.parameters())
-    sizes = [36, 21]  # the buckets, last layer's first: (6x3 + 3), (5x6 + 6)
-    assert sum(sizes) == numel
-    shard = sum(-(-size // n) for size in sizes)
+    assert sum(SIZES) == numel
+    shard = sum(-(-size // n) for size in SIZES)
     for _, held in results:
         assert held == [shard * 8] * 2, (held, numel * 8)
 
@@ -90,8 +93,7 @@ def test_each_bucket_is_one_reduce_scatter_during_backward_and_one_all_gather(n)
     world = SimulatedWorld(n)
     steps = 3
     world.run(train, base, steps, 2)
-    sizes = [21, 36]
-    padded = [-(-size // n) * n for size in sizes]
+    padded = [-(-size // n) * n for size in SIZES]
     summary = world.trace.summary()
     for rank in range(n):
         collectives = [e.kind for e in world.trace.of_rank(rank)

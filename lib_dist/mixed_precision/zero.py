@@ -56,9 +56,7 @@ class ZeroOptimizer:
 
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The tensors flattened and concatenated, zero-padded to N shards."""
-        padding = self.shard_size * self.comm.world_size - self.numel
-        pieces = [t.reshape(-1) for t in tensors]
-        return torch.cat(pieces + [pieces[0].new_zeros(padding)])
+        return padded_flat(tensors, self.comm.world_size)
 
     def reduce_gradients(self) -> None:
         """Give the shard the average over the ranks of its part of the gradients (one
@@ -91,3 +89,11 @@ class ZeroOptimizer:
         """Bytes of this rank's optimizer state: its shard's moments and master copy."""
         return optimizer_state_bytes(self.optimizer) + (
             self.shard.nbytes if self.shard.dtype != self.dtype else 0)
+
+
+def padded_flat(tensors: list[torch.Tensor], world_size: int) -> torch.Tensor:
+    """The tensors flattened one after another, zero-padded to `world_size` equal chunks:
+    (world_size * ceil(numel / world_size),). Stages 2 and 3 (`lib_dist.sharding`) cut theirs
+    the same way."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    return torch.cat([flat, flat.new_zeros(-flat.numel() % world_size)])

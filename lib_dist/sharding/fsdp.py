@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..comm import Communicator
+from ..mixed_precision.zero import padded_flat
 
 
 class Gathered(torch.autograd.Function):
@@ -62,28 +63,25 @@ class Unit:
         self.slots = slots  # (module, attribute name, index into params) of each use
         self.numel = sum(p.numel() for p in params)
         self.chunk_size = -(-self.numel // comm.world_size)
-        with torch.no_grad():
-            flat = torch.cat([p.detach().reshape(-1) for p in params])
-            flat = torch.cat([flat, flat.new_zeros(self.chunk_size * comm.world_size
-                                                   - self.numel)])
-            start = comm.rank * self.chunk_size
+        flat = padded_flat([p.detach() for p in params], comm.world_size)
+        start = comm.rank * self.chunk_size
         self.shard = nn.Parameter(flat[start:start + self.chunk_size].clone())
         self.gathered: torch.Tensor | None = None  # during its forward
         self.regathered: torch.Tensor | None = None  # during its backward
-        self.gathers = 0
 
     def gather(self, chunk: torch.Tensor) -> torch.Tensor:
         """All-gather every rank's chunk: the full flat vector, padding included."""
-        self.gathers += 1
         return torch.cat(self.comm.all_gather(chunk.contiguous()))
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's view of the full flat vector `flat`, shaped as it was."""
+        sizes = [shape.numel() for shape in self.shapes]
+        pieces = flat[:self.numel].split(sizes)
+        return [piece.view(shape) for piece, shape in zip(pieces, self.shapes)]
 
     def bind(self, flat: torch.Tensor) -> None:
         """Point each use of each parameter at its view of `flat`."""
-        views, offset = [], 0
-        for shape in self.shapes:
-            size = shape.numel()
-            views.append(flat[offset:offset + size].view(shape))
-            offset += size
+        views = self.views(flat)
         for module, name, index in self.slots:
             setattr(module, name, views[index])
 
@@ -134,14 +132,10 @@ class FSDP(nn.Module):
         names = {id(m): name for name, m in self.module.named_modules()}
         state = {}
         for unit in self.units:
-            flat = unit.gather(unit.shard.detach())
-            offsets = [0]
-            for shape in unit.shapes:
-                offsets.append(offsets[-1] + shape.numel())
+            views = unit.views(unit.gather(unit.shard.detach()))
             for module, attribute, index in unit.slots:
                 prefix = names[id(module)]
-                piece = flat[offsets[index]:offsets[index + 1]].view(unit.shapes[index])
-                state[f"{prefix}.{attribute}" if prefix else attribute] = piece.clone()
+                state[f"{prefix}.{attribute}" if prefix else attribute] = views[index].clone()
         return state
 
     def _before(self, unit: Unit) -> Any:
@@ -178,19 +172,18 @@ def _shard(module: nn.Module, comm: Communicator, skip: Iterable[nn.Module] = ()
     """`module`'s parameters, except those inside `skip`'s modules, taken out of their modules
     and sharded into a Unit (a parameter used in two places, like tied embeddings, once)."""
     inside_skip = {id(m) for s in skip for m in s.modules()}
+    index_of: dict[int, int] = {}  # id of a parameter -> its index in `params`
     params: list[nn.Parameter] = []
     slots: list[tuple[nn.Module, str, int]] = []
     for owner in module.modules():
         if id(owner) in inside_skip:
             continue
         for name, p in list(owner._parameters.items()):
-            if p is None:
-                continue
-            index = next((i for i, q in enumerate(params) if q is p), None)
-            if index is None:
-                params.append(p)
-                index = len(params) - 1
-            slots.append((owner, name, index))
+            if p is not None:
+                if id(p) not in index_of:
+                    index_of[id(p)] = len(params)
+                    params.append(p)
+                slots.append((owner, name, index_of[id(p)]))
     unit = Unit(module, slots, params, comm)
     for owner, name, _ in slots:
         del owner._parameters[name]
@@ -219,8 +212,22 @@ def _refuse_shared(root: nn.Module, units: list[nn.Module]) -> None:
                              f"to the root")
 
 
+def torch_fully_sharded(module: nn.Module, units: Iterable[nn.Module], world_size: int
+                        ) -> nn.Module:
+    """The oracle: `module` under torch's FSDP2, `fully_shard` on each unit and then on the
+    root, over a CPU device mesh of `world_size` ranks (torch.distributed initialised)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    for unit in units:
+        fully_shard(unit, mesh=mesh)
+    fully_shard(module, mesh=mesh)
+    return module
+
+
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-__all__ = ["FSDP", "Gathered", "Unit"]
+__all__ = ["FSDP", "Gathered", "Unit", "torch_fully_sharded"]

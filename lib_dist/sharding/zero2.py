@@ -27,6 +27,8 @@ from typing import Any
 import torch
 
 from ..comm import Communicator
+from ..data_parallel import plan_buckets
+from ..mixed_precision.zero import padded_flat
 from ..train.memory import optimizer_state_bytes
 
 
@@ -36,16 +38,15 @@ class Bucket:
     def __init__(self, params: list[torch.Tensor], world_size: int, rank: int):
         self.params = params
         self.numel = sum(p.numel() for p in params)
+        self.world_size = world_size
         self.chunk = -(-self.numel // world_size)  # every rank's share, padding included
-        self.padded = self.chunk * world_size
         self.start = rank * self.chunk
         self.ready: set[int] = set()  # ids of the parameters whose gradient is complete
         self.reduced = False
 
     def flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """The tensors flattened, one after another, zero-padded to N chunks: (padded,)."""
-        total = torch.cat([t.reshape(-1) for t in tensors])
-        return torch.cat([total, total.new_zeros(self.padded - self.numel)])
+        """The tensors flattened, one after another, zero-padded to N chunks: (N * chunk,)."""
+        return padded_flat(tensors, self.world_size)
 
     def my_chunk(self) -> torch.Tensor:
         """This rank's chunk of the parameters, as they are now: (chunk,)."""
@@ -66,8 +67,9 @@ class Zero2Optimizer:
         self.comm = comm
         self.dtype = self.params[0].dtype
         master = torch.float32 if self.dtype in (torch.float16, torch.bfloat16) else self.dtype
-        self.buckets = [Bucket(group, comm.world_size, comm.rank)
-                        for group in buckets_of(self.params[::-1], bucket_bytes)]
+        # data parallel's buckets: from the last parameter, the first whose gradient is ready
+        self.buckets = [Bucket([self.params[i] for i in group], comm.world_size, comm.rank)
+                        for group in plan_buckets(self.params, bucket_bytes)]
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.shards = [b.my_chunk().to(master).clone().requires_grad_() for b in self.buckets]
         self.optimizer = optimizer_class(self.shards, **hyperparameters)
@@ -146,18 +148,4 @@ class Zero2Optimizer:
             hook.remove()
 
 
-def buckets_of(params: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
-    """`params` in order, cut into groups of at most `bucket_bytes` (a larger parameter
-    alone in its group)."""
-    groups: list[list[torch.Tensor]] = [[]]
-    size = 0
-    for p in params:
-        if groups[-1] and size + p.nbytes > bucket_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(p)
-        size += p.nbytes
-    return groups
-
-
-__all__ = ["Bucket", "Zero2Optimizer", "buckets_of"]
+__all__ = ["Bucket", "Zero2Optimizer"]
