@@ -30,6 +30,7 @@ class BackgroundHandle(Handle):
     def __init__(self, run: Callable[[], Any], previous: BackgroundHandle | None, what: str):
         self._run, self._previous, self._what = run, previous, what
         self.error: BaseException | None = None
+        self.result: Any = None  # what `run` returned (an all-gather's list), once waited for
         self.started: float | None = None  # when the operation itself began, after `previous`
         self.finished: float | None = None
         self._thread = threading.Thread(target=self._body, daemon=True, name=f"async {what}")
@@ -45,7 +46,7 @@ class BackgroundHandle(Handle):
                 return
         self.started = time.monotonic()
         try:
-            self._run()
+            self.result = self._run()
         except BaseException as e:  # noqa: BLE001 - raised again by wait()
             self.error = e
         self.finished = time.monotonic()

@@ -17,6 +17,7 @@ this one among them). A rank owns a `Communicator` with:
   torch backend uses torch.distributed's). Labs replace them with the students' own;
 - `all_reduce_async(tensor, op)`: the all-reduce on a thread of the rank's, returning a
   `Handle` at once, for overlapping communication with computation (`background`);
+  `all_gather_async(tensor)` likewise (the list by rank in the handle's `result`);
 - `compute(label, cost)`: a context manager around work the rank does, recorded in the trace
   as a "compute" event; on a simulated world with a virtual clock it costs `cost` units
   (`lib_dist.comm.clock`), elsewhere its wall time.
@@ -42,7 +43,7 @@ import torch
 
 from .agreement import agree
 from .algorithms import gather_broadcast
-from .background import start_after
+from .background import BackgroundHandle, start_after
 from .errors import CommError
 from .point_to_point import Handle, PointToPoint, chunk_bounds, wait_all
 from .trace import Event, Trace
@@ -154,6 +155,15 @@ class Communicator(ABC):
         self._check_tensor(tensor, "all_reduce_async")
         self._last_async = start_after(getattr(self, "_last_async", None),
                                        lambda: self.all_reduce(tensor, op), "all_reduce")
+        return self._last_async
+
+    def all_gather_async(self, tensor: torch.Tensor) -> BackgroundHandle:
+        """Start `all_gather(tensor)` and return its handle at once; after `wait()`, its
+        `result` is the list by rank. The same rules as `all_reduce_async` (FSDP's prefetch
+        gathers the next unit this way while the current one computes)."""
+        self._check_tensor(tensor, "all_gather_async")
+        self._last_async = start_after(getattr(self, "_last_async", None),
+                                       lambda: self.all_gather(tensor), "all_gather")
         return self._last_async
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:

@@ -20,6 +20,9 @@ the gradients: 3 x (N - 1) / N x P numbers, against 2 for stages 1-2. Memory: P 
 parameters, gradients and optimizer state, plus the largest unit gathered (or two, with the
 root).
 
+With `prefetch=True` the next unit's all-gather travels while the current unit computes
+(`lib_dist.sharding.prefetch`), at the cost of a second gathered unit in memory.
+
     sharded = FSDP(model, comm, units=list(model.blocks))  # units must not nest
     optimizer = torch.optim.AdamW(sharded.parameters())   # its parameters: the shards
     loss(sharded(x), y).backward(); optimizer.step()
@@ -35,6 +38,7 @@ from torch import nn
 
 from ..comm import Communicator
 from ..mixed_precision.zero import padded_flat
+from .prefetch import Prefetcher
 
 
 class Gathered(torch.autograd.Function):
@@ -50,6 +54,8 @@ class Gathered(torch.autograd.Function):
     def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None]:
         unit: Unit = ctx.unit
         unit.regathered = None  # its backward is done: the second gathered copy goes
+        if unit.prefetcher is not None:
+            unit.prefetcher.settle()  # the previous unit's gather, before this collective
         return unit.comm.reduce_scatter(grad_full.contiguous(), op="avg"), None
 
 
@@ -68,9 +74,16 @@ class Unit:
         self.shard = nn.Parameter(flat[start:start + self.chunk_size].clone())
         self.gathered: torch.Tensor | None = None  # during its forward
         self.regathered: torch.Tensor | None = None  # during its backward
+        self.prefetcher: Prefetcher | None = None  # FSDP's, when it prefetches
 
     def gather(self, chunk: torch.Tensor) -> torch.Tensor:
-        """All-gather every rank's chunk: the full flat vector, padding included."""
+        """All-gather every rank's chunk: the full flat vector, padding included (taken
+        from the prefetcher when it fetched this unit already)."""
+        if self.prefetcher is not None:
+            flat = self.prefetcher.take(self)
+            if flat is not None:
+                return flat
+            self.prefetcher.settle()
         return torch.cat(self.comm.all_gather(chunk.contiguous()))
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -100,36 +113,48 @@ class Unit:
 
 class FSDP(nn.Module):
     """`module` with its parameters sharded over `comm`'s ranks, unit by unit (`units`: its
-    submodules gathered one at a time, e.g. a GPT's blocks; the rest is the root unit)."""
+    submodules gathered one at a time, in the order the forward pass runs them, e.g. a GPT's
+    blocks; the rest is the root unit). `prefetch`: gather the next unit while one computes."""
 
     def __init__(self, module: nn.Module, comm: Communicator,
-                 units: Iterable[nn.Module] = ()):
+                 units: Iterable[nn.Module] = (), prefetch: bool = False):
         super().__init__()
         self.module = module
         inner = list(units)
         _refuse_shared(module, inner)
-        self.units = [_shard(unit, comm) for unit in inner]
-        self.units.append(_shard(module, comm, skip=inner))
-        self.units = [u for u in self.units if u.numel]
+        self.inner = [u for u in (_shard(unit, comm) for unit in inner) if u.numel]
+        root = _shard(module, comm, skip=inner)
+        self.root = root if root.numel else None
+        self.units = self.inner + ([root] if root.numel else [])  # all shards, root last
         self._shards = nn.ParameterList([u.shard for u in self.units])
-        for unit in self.units[:-1]:
-            unit.module.register_forward_pre_hook(self._before(unit))
+        self.prefetcher = Prefetcher() if prefetch else None
+        for unit in self.units:
+            unit.prefetcher = self.prefetcher
+        for k, unit in enumerate(self.inner):
+            unit.module.register_forward_pre_hook(self._before(k))
             unit.module.register_forward_hook(self._after(unit))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        root = self.units[-1]
+        if self.prefetcher is not None:
+            self.prefetcher.clear()  # a new pass: what was fetched before may be stale
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            self._gather(root)
+            if self.root is not None:
+                self._gather(self.root)
+            if self.prefetcher is not None and self.inner:
+                self.prefetcher.start(self.inner[0])
             try:
                 return self.module(*args, **kwargs)
             finally:
-                self._release(root)
+                if self.root is not None:
+                    self._release(self.root)
 
     @torch.no_grad()
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter, whole, under its name in the wrapped module (a collective: every
         rank calls it; a tied parameter under each of its names)."""
         names = {id(m): name for name, m in self.module.named_modules()}
+        if self.prefetcher is not None:
+            self.prefetcher.clear()
         state = {}
         for unit in self.units:
             views = unit.views(unit.gather(unit.shard.detach()))
@@ -138,8 +163,12 @@ class FSDP(nn.Module):
                 state[f"{prefix}.{attribute}" if prefix else attribute] = views[index].clone()
         return state
 
-    def _before(self, unit: Unit) -> Any:
-        return lambda module, args: self._gather(unit)
+    def _before(self, k: int) -> Any:
+        def gather_unit(module: nn.Module, args: Any) -> None:
+            self._gather(self.inner[k])
+            if self.prefetcher is not None and k + 1 < len(self.inner):
+                self.prefetcher.start(self.inner[k + 1])  # travels while unit k computes
+        return gather_unit
 
     def _after(self, unit: Unit) -> Any:
         return lambda module, args, output: self._release(unit)
@@ -165,7 +194,13 @@ class FSDP(nn.Module):
         if isinstance(packed, torch.Tensor):
             return packed
         index, offset, shape, stride = packed
-        return self.units[index].saved_again().as_strided(shape, stride, offset)
+        unit = self.units[index]
+        if unit.regathered is None and self.prefetcher is not None and index > 0:
+            # backward meets the units in reverse, the root (last in `units`) first
+            flat = unit.saved_again()
+            self.prefetcher.start(self.units[index - 1])
+            return flat.as_strided(shape, stride, offset)
+        return unit.saved_again().as_strided(shape, stride, offset)
 
 
 def _shard(module: nn.Module, comm: Communicator, skip: Iterable[nn.Module] = ()) -> Unit:

@@ -1,0 +1,91 @@
+"""FSDP's prefetch (`FSDP(..., prefetch=True)`) on simulated ranks: the same training as one
+process; the same all-gathers, one per unit per pass; but each block's all-gather starts before
+the block computed before it has finished (forward) or after it (backward), read from the
+trace's times; and one more unit held while a block computes."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+import torch
+
+from lib_dist.comm import SimulatedWorld
+from lib_dist.sharding import FSDP
+
+from test_sharding_fsdp import ADAMW, CONFIG, batch, gpt, loss, one_process
+
+
+def trained(comm, base, steps: int, prefetch: bool):
+    model = copy.deepcopy(base)
+    sharded = FSDP(model, comm, units=list(model.blocks), prefetch=prefetch)
+    optimizer = torch.optim.AdamW(sharded.parameters(), **ADAMW)
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss(sharded, batch(step, comm.rank)).backward()
+        optimizer.step()
+    return sharded.full_state_dict()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_prefetching_fsdp_trains_the_gpt_as_one_process_does(n):
+    base = gpt()
+    want = dict(one_process(base, n, 3).named_parameters(remove_duplicate=False))
+    for got in SimulatedWorld(n).run(trained, base, 3, True):
+        for name, p in want.items():
+            # float64, as the test without prefetch: the same sums, the same order
+            torch.testing.assert_close(got[name], p.detach(), rtol=0, atol=1e-12, msg=name)
+
+
+def block_ends(comm, base, prefetch: bool) -> dict[str, list[float]]:
+    """One step; when each block's forward, and each block's backward, ended (monotonic
+    time, as the trace's; backward lists the last block first)."""
+    model = copy.deepcopy(base)
+    ends: dict[str, list[float]] = {"forward": [], "backward": []}
+    for block in model.blocks:
+        block.register_forward_hook(lambda m, a, o: ends["forward"].append(time.monotonic()))
+        block.register_full_backward_hook(
+            lambda m, gi, go: ends["backward"].append(time.monotonic()))
+    sharded = FSDP(model, comm, units=list(model.blocks), prefetch=prefetch)
+    loss(sharded, batch(0, comm.rank)).backward()
+    return ends
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_the_next_blocks_gather_starts_before_this_block_has_computed(prefetch):
+    world = SimulatedWorld(2)
+    ends = world.run(block_ends, gpt(), prefetch)[0]
+    gathers = [e.start for e in world.trace.of_rank(0) if e.kind == "all_gather"]
+    blocks = CONFIG.n_layer
+    # one per unit per pass, prefetched or not: the root, then each block, forward and back
+    assert len(gathers) == 2 * (blocks + 1)
+    forward, backward = gathers[1:blocks + 1], gathers[blocks + 2:]
+    early = [forward[k + 1] < ends["forward"][k] for k in range(blocks - 1)]
+    early += [backward[k + 1] < ends["backward"][k] for k in range(blocks - 1)]
+    assert all(early) if prefetch else not any(early), early
+
+
+def held_while_blocks_compute(comm, base, prefetch: bool) -> list[int]:
+    """How many units are gathered, or on their way, as each block starts its forward."""
+    model = copy.deepcopy(base)
+    sharded = FSDP(model, comm, units=list(model.blocks), prefetch=prefetch)
+    held: list[int] = []
+
+    def count(module, args):  # registered after FSDP's: the block is gathered by now
+        fetching = sharded.prefetcher is not None and sharded.prefetcher.unit is not None
+        held.append(sum(u.gathered is not None for u in sharded.units) + fetching)
+
+    for block in model.blocks:
+        block.register_forward_pre_hook(count)
+    loss(sharded, batch(0, comm.rank)).backward()
+    return held
+
+
+def test_prefetch_holds_one_more_unit_while_a_block_computes():
+    base = gpt()
+    blocks = CONFIG.n_layer
+    # the root and this block; with prefetch the next block too, except under the last
+    assert SimulatedWorld(2).run(held_while_blocks_compute, base, False)[0] == [2] * blocks
+    assert SimulatedWorld(2).run(held_while_blocks_compute, base, True)[0] == [3] * (
+        blocks - 1) + [2]
