@@ -18,6 +18,11 @@ Two details make the second forward the same as the first:
 - what the block reads: the same parameters and input. (Changing a parameter in place between
   forward and backward breaks recomputation, as it breaks autograd.)
 
+Selective recomputation (`selective_blocks`) recomputes less: only attention's core, the
+scores, mask, softmax, dropout and weights @ v, whose (B, heads, T, T) tensors grow with the
+square of the sequence and cost few FLOPs; the matmuls' outputs (q, k, v, the projections,
+the MLP) are kept. Most of the memory of long sequences goes for a few percent more compute.
+
 `checkpoint(fn, *inputs)` is the course's own version of `torch.utils.checkpoint.checkpoint`
 (the oracle its tests compare with). Like torch's "reentrant" variant it back-propagates
 inside the backward pass: use it with `loss.backward()`, not `torch.autograd.grad`.
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -100,6 +106,34 @@ def checkpoint_blocks(blocks: nn.ModuleList, replay_rng: bool = True,
     return blocks
 
 
+class SelectiveAttention(nn.Module):
+    """Module 2's `CausalSelfAttention` whose core (scores to weights @ v) is recomputed in
+    backward; its input projection's output (q, k, v) is what stays saved."""
+
+    def __init__(self, attn: nn.Module, replay_rng: bool = True):
+        super().__init__()
+        self.attn, self.replay_rng = attn, replay_rng
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .models.gpt import causal_attention
+
+        attn, C = self.attn, x.shape[2]
+        q, k, v = attn.qkv(x).split(C, dim=2)  # each (B, T, C): views of one saved tensor
+        core = partial(causal_attention, head_size=C // attn.n_head, causal=attn.causal,
+                       dropout=attn.attn_dropout)
+        y = checkpoint(core, q, k, v, replay_rng=self.replay_rng) if torch.is_grad_enabled(
+        ) else core(q, k, v)
+        return attn.resid_dropout(attn.proj(y))
+
+
+def selective_blocks(blocks: nn.ModuleList, replay_rng: bool = True) -> nn.ModuleList:
+    """Recompute only attention's core in each of a GPT's `blocks`, in place."""
+    for block in blocks:
+        if not isinstance(block.attn, SelectiveAttention):
+            block.attn = SelectiveAttention(block.attn, replay_rng)
+    return blocks
+
+
 def rng_state(inputs: tuple[torch.Tensor, ...]) -> dict[str, Any]:
     """The CPU generator's state, and each CUDA device's among `inputs`."""
     devices = sorted({x.device.index or 0 for x in inputs if x.is_cuda})
@@ -120,5 +154,5 @@ def replayed(state: dict[str, Any] | None) -> Iterator[None]:
         yield
 
 
-__all__ = ["Checkpointed", "Recompute", "TorchCheckpointed", "checkpoint", "checkpoint_blocks",
-           "replayed", "rng_state"]
+__all__ = ["Checkpointed", "Recompute", "SelectiveAttention", "TorchCheckpointed", "checkpoint",
+           "checkpoint_blocks", "replayed", "rng_state", "selective_blocks"]

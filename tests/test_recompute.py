@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lib_dist.models import GPT, GPTConfig
-from lib_dist.recompute import TorchCheckpointed, checkpoint, checkpoint_blocks
+from lib_dist.recompute import TorchCheckpointed, checkpoint, checkpoint_blocks, selective_blocks
 from lib_dist.train.memory import saved_activations
 
 CONFIG = GPTConfig(vocab_size=32, block_size=16, n_layer=3, n_head=2, n_embd=16, dropout=0.2)
@@ -105,3 +105,33 @@ class _Unsaved(torch.nn.Module):
 def test_inputs_that_are_not_tensors_are_refused_with_what_to_do():
     with pytest.raises(TypeError, match="functools.partial"):
         checkpoint(lambda x, n: x * n, torch.ones(2), 3)
+
+
+def test_selective_recomputation_gives_the_plain_models_gradients_dropout_included():
+    plain, x = gpt(), tokens()
+    selective = copy.deepcopy(plain)
+    selective_blocks(selective.blocks)
+    got = {name.replace(".attn.attn.", ".attn."): g for name, g in gradients(selective, x).items()}
+    assert_same(got, gradients(plain, x))
+
+
+def test_selective_recomputation_saves_no_score_sized_tensor_and_keeps_the_rest():
+    """Scores, probabilities and the dropout mask are (B, heads, T, T) each; what selective
+    recomputation keeps instead is q, k and v, one (B, T, 3C) tensor a block, and its
+    core's own intermediate tensors are not saved."""
+    plain, x = gpt(), tokens()
+    selective = copy.deepcopy(plain)
+    selective_blocks(selective.blocks)
+    saved = {}
+    for name, model in (("plain", plain), ("selective", selective)):
+        with saved_activations(model) as found:
+            model(x)
+        saved[name] = found
+    B, T = x.shape
+    score = B * CONFIG.n_head * T * T * 8  # float64
+    scores = [size for _, size in saved["plain"].values() if size == score]
+    assert len(scores) >= 2 * CONFIG.n_layer  # softmax's output and the dropped-out weights
+    assert not [size for _, size in saved["selective"].values() if size == score]
+    total = {name: sum(size for _, size in found.values()) for name, found in saved.items()}
+    # the score-sized tensors are gone, and nothing larger came in their place
+    assert total["selective"] <= total["plain"] - len(scores) * score, total
