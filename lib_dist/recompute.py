@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .models.gpt import CausalSelfAttention, causal_attention
+
 
 class Recompute(torch.autograd.Function):
     """forward: run `fn` without saving anything but the inputs; backward: run it again."""
@@ -110,13 +112,11 @@ class SelectiveAttention(nn.Module):
     """Module 2's `CausalSelfAttention` whose core (scores to weights @ v) is recomputed in
     backward; its input projection's output (q, k, v) is what stays saved."""
 
-    def __init__(self, attn: nn.Module, replay_rng: bool = True):
+    def __init__(self, attn: CausalSelfAttention, replay_rng: bool = True):
         super().__init__()
         self.attn, self.replay_rng = attn, replay_rng
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .models.gpt import causal_attention
-
         attn, C = self.attn, x.shape[2]
         q, k, v = attn.qkv(x).split(C, dim=2)  # each (B, T, C): views of one saved tensor
         core = partial(causal_attention, head_size=C // attn.n_head, causal=attn.causal,
@@ -129,8 +129,11 @@ class SelectiveAttention(nn.Module):
 def selective_blocks(blocks: nn.ModuleList, replay_rng: bool = True) -> nn.ModuleList:
     """Recompute only attention's core in each of a GPT's `blocks`, in place."""
     for block in blocks:
-        if not isinstance(block.attn, SelectiveAttention):
+        if isinstance(block.attn, CausalSelfAttention):
             block.attn = SelectiveAttention(block.attn, replay_rng)
+        elif not isinstance(block.attn, SelectiveAttention):
+            raise TypeError(f"selective_blocks recomputes module 2's CausalSelfAttention; "
+                            f"this block's attn is a {type(block.attn).__name__}")
     return blocks
 
 
