@@ -15,7 +15,9 @@ pass / fail / skip (`make gpu-check`; CI has no GPU: run it wherever one can be 
 - activations: module 02's formula (`gpt_activation_bytes`) against the bytes CUDA's allocator
   holds after a forward pass of the GPT in fp32;
 - LossScaler: its whole fp16 step against GradScaler's (goal: at most 1.05 times), and the
-  scalers alone on 52 and 292 gradients (benchmarks/scaler_rounds.py).
+  scalers alone on 52 and 292 gradients (benchmarks/scaler_rounds.py);
+- module 9 (benchmarks/gpu_rows_sharding.py): ZeRO-2 and FSDP with prefetch on the GPU rank
+  against plain AdamW (and FSDP2), and full and selective recomputation on CUDA.
 
 Without CUDA the rows that need it are skipped, each saying so, and the others run (the fallback
 and refusal rows). A row that needs a cluster is skipped where ipyparallel is missing (on a
@@ -36,52 +38,19 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # lib_dist, and scaler_rounds beside this
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # lib_dist, and the rows beside this
 
-
-class Skip(Exception):
-    """A row that cannot run here; its message says why."""
-
-
-CHECKS: dict[str, tuple[str, Callable[[argparse.Namespace, dict], str], bool, bool]] = {}
-
-
-def check(name: str, what: str, cuda: bool = True, cluster: bool = True) -> Callable:
-    """A row, `fn(args, shared) -> result`, raising to fail; needs a GPU? ipyparallel?"""
-    def register(fn: Callable[[argparse.Namespace, dict], str]) -> Callable:
-        CHECKS[name] = (what, fn, cuda, cluster)
-        return fn
-    return register
-
+from gpu_rows import (CHECKS, Skip, backend_and_device, batch, check, gpus, needs_cluster,
+                      small_gpt)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the engines cannot import this
-
-
-def gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def backend_and_device(comm: Any) -> tuple[str, str]:
-    return comm.backend, str(comm.device)
-
-
-def small_gpt(device: str) -> Any:
-    from lib_dist.models import GPT, GPTConfig
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=64)).to(device)
-
-
-def batch(device: str, rows: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(3)
-    x, y = torch.randint(0, 96, (2, rows, 64), generator=generator).to(device)
-    return x, y
 
 
 @check("cuda first", "a process that used CUDA starts Cluster(1, device='cuda')")
@@ -110,12 +79,6 @@ def nccl(args: argparse.Namespace, shared: dict) -> str:
     [ok] = needs_cluster(shared).run(collectives)
     assert all(ok.values()), f"failed: {[k for k, v in ok.items() if not v]}"
     return "nccl; all_reduce, broadcast, all_gather, reduce_scatter exact"
-
-
-def needs_cluster(shared: dict) -> Any:
-    if "cluster" not in shared:
-        raise Skip("the 'cuda first' row did not start the cluster")
-    return shared["cluster"]
 
 
 def dp_gradients(comm: Any) -> list[torch.Tensor]:
@@ -249,6 +212,9 @@ def scaler(args: argparse.Namespace, shared: dict) -> str:
     ratios = ", ".join(f"{n} gradients {r:.2f}" for n, r in results["alone_ratios"].items())
     assert results["step_ratio"] <= 1.05, f"step ratio {results['step_ratio']:.3f}"
     return f"step {results['step_ratio']:.3f} (noise {results['again_ratio']:.3f}); alone {ratios}"
+
+
+import gpu_rows_sharding  # noqa: E402,F401 - module 9's rows, registered after these
 
 
 def run_row(name: str, args: argparse.Namespace, shared: dict) -> tuple[str, str, str]:

@@ -247,14 +247,15 @@ def _refuse_shared(root: nn.Module, units: list[nn.Module]) -> None:
                              f"to the root")
 
 
-def torch_fully_sharded(module: nn.Module, units: Iterable[nn.Module], world_size: int
-                        ) -> nn.Module:
+def torch_fully_sharded(module: nn.Module, units: Iterable[nn.Module], world_size: int,
+                        device_type: str = "cpu") -> nn.Module:
     """The oracle: `module` under torch's FSDP2, `fully_shard` on each unit and then on the
-    root, over a CPU device mesh of `world_size` ranks (torch.distributed initialised)."""
+    root, over a device mesh of `world_size` ranks (torch.distributed initialised; "cuda"
+    with NCCL, the module already on the rank's GPU)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (world_size,))
+    mesh = init_device_mesh(device_type, (world_size,))
     for unit in units:
         fully_shard(unit, mesh=mesh)
     fully_shard(module, mesh=mesh)
