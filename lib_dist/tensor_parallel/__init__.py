@@ -7,6 +7,8 @@
 - `layers`: `ColumnParallelLinear`, `RowParallelLinear`, built from a full `nn.Linear`;
   `shard` / `unshard`;
 - `blocks`: the GPT's MLP, attention (by heads) and transformer block, tensor-parallel;
+- `sequence`: the same block with sequence parallelism (Megatron-SP) where tensor parallelism
+  keeps activations whole: all-gather and reduce-scatter along the sequence (module 10);
 - `vocab`: the embedding and the cross-entropy split by vocabulary;
 - `gpt`: `TensorParallelGPT`, the module-02 GPT split over the ranks;
 - `cost`: communication per layer and per token, and sizing a 3D-parallel layout;

@@ -1,0 +1,130 @@
+"""Sequence parallelism with tensor parallelism (Megatron-SP): the parts of a block that tensor
+parallelism leaves whole on every rank, split by sequence instead.
+
+In module 6's `ParallelBlock` every rank holds the whole (B, T, C) activation wherever the
+block is not split by heads or features: the LayerNorms, the residual additions, dropout.
+Those work token by token, so each rank can keep T/t of the tokens there instead. The block's
+boundary operators change accordingly:
+
+- entering a tensor-parallel region (before qkv and fc): all-gather the sequence
+  (B, T/t, C) -> (B, T, C), where TP had f (identity forward). Backward: reduce-scatter, which
+  sums the ranks' partial input gradients (f's all-reduce) and keeps this rank's tokens;
+- leaving it (after the attention's and the MLP's output projections): reduce-scatter the
+  partial sums (B, T, C) -> (B, T/t, C), where TP had g's all-reduce. Backward: all-gather.
+
+An all-reduce is a reduce-scatter followed by an all-gather, so the bytes are the same as
+tensor parallelism's; what changes is memory: every activation outside the split matmuls is
+divided by t. The price is bookkeeping: the LayerNorms' parameters and the output
+projections' biases now see only this rank's tokens, so their gradients are partial sums and
+must be all-reduced over the tensor-parallel ranks before the optimizer steps
+(`sync_replicated_gradients`): forgetting it is the classic mistake, and the ranks' copies
+drift apart.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..comm import Communicator
+from ..models.gpt import Block, causal_attention
+from .blocks import ParallelAttention, ParallelMLP
+
+
+class GatherSequenceRegion(torch.autograd.Function):
+    """All-gather along the sequence (dim 1) forward; reduce-scatter along it backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Communicator) -> torch.Tensor:
+        ctx.comm = comm
+        return torch.cat(comm.all_gather(x.contiguous()), dim=1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return reduce_scatter_sequence(grad, ctx.comm), None
+
+
+class ReduceScatterSequenceRegion(torch.autograd.Function):
+    """Reduce-scatter along the sequence forward; all-gather along it backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Communicator) -> torch.Tensor:
+        ctx.comm = comm
+        return reduce_scatter_sequence(x, comm)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return torch.cat(ctx.comm.all_gather(grad.contiguous()), dim=1), None
+
+
+def reduce_scatter_sequence(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
+    """The sum over the ranks of (B, T, C) `x`, this rank's T/t tokens of it: (B, T/t, C)."""
+    B, T, C = x.shape
+    # (B, T, C) -> (T, B, C): the communicator cuts the flattened tensor into equal chunks
+    mine = comm.reduce_scatter(x.transpose(0, 1).contiguous(), op="sum")
+    return mine.view(T // comm.world_size, B, C).transpose(0, 1)
+
+
+class SequenceParallelBlock(nn.Module):
+    """Module 2's `Block`, tensor-parallel by heads and features as module 6's, and split by
+    sequence elsewhere: takes and returns this rank's (B, T/t, C) tokens."""
+
+    def __init__(self, block: Block, comm: Communicator):
+        super().__init__()
+        self.comm = comm
+        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
+        self.attn = ParallelAttention(block.attn, comm)  # its shards of qkv and proj
+        self.mlp = ParallelMLP(block.mlp, comm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self._attention(self._enter(self.ln1(x)))
+        return x + self._mlp(self._enter(self.ln2(x)))
+
+    def _enter(self, x: torch.Tensor) -> torch.Tensor:
+        return GatherSequenceRegion.apply(x, self.comm)  # (B, T/t, C) -> (B, T, C)
+
+    def _leave(self, partial: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = ReduceScatterSequenceRegion.apply(partial, self.comm)  # (B, T, C) -> (B, T/t, C)
+        return y + bias if bias is not None else y
+
+    def _attention(self, x: torch.Tensor) -> torch.Tensor:
+        attn = self.attn
+        q, k, v = F.linear(x, attn.qkv.weight, attn.qkv.bias).chunk(3, dim=2)  # this rank's heads
+        y = causal_attention(q, k, v, attn.head_size, attn.causal)
+        return self._leave(F.linear(y, attn.proj.weight), attn.proj.bias)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        mlp = self.mlp
+        h = F.gelu(F.linear(x, mlp.fc.weight, mlp.fc.bias))
+        return self._leave(F.linear(h, mlp.proj.weight), mlp.proj.bias)
+
+    def replicated_parameters(self) -> list[nn.Parameter]:
+        """The parameters every rank holds whole, whose gradients each rank sees only for its
+        own tokens: both LayerNorms' and the two output projections' biases."""
+        held = [*self.ln1.parameters(), *self.ln2.parameters(), self.attn.proj.bias,
+                self.mlp.proj.bias]
+        return [p for p in held if p is not None]
+
+    @torch.no_grad()
+    def sync_replicated_gradients(self) -> None:
+        """Sum the replicated parameters' partial gradients over the ranks (after backward)."""
+        for p in self.replicated_parameters():
+            if p.grad is not None:
+                self.comm.all_reduce(p.grad, "sum")
+
+
+def shard_sequence(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
+    """This rank's equal share of (B, T, C) `x`'s tokens, (B, T/t, C); T must divide by t."""
+    if x.shape[1] % comm.world_size:
+        raise ValueError(f"sequence parallelism splits the {x.shape[1]} tokens over "
+                         f"{comm.world_size} ranks in equal pieces; choose a sequence length "
+                         f"divisible by {comm.world_size}")
+    return x.chunk(comm.world_size, dim=1)[comm.rank].contiguous()
+
+
+__all__ = ["GatherSequenceRegion", "ReduceScatterSequenceRegion", "SequenceParallelBlock",
+           "reduce_scatter_sequence", "shard_sequence"]
