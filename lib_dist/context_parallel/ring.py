@@ -19,13 +19,17 @@ Backward goes around the ring once more: each rank recomputes its queries' proba
 against each block from the saved log-sum-exp, adds to dq, and adds to that block's dk and dv,
 which travel with the block; after N hops they are back with the block's owner.
 
-The causal mask compares global positions, so any layout works; a block that the mask hides
-completely is skipped (no compute, still passed on).
+The causal mask compares global positions, so any layout works. A rank's positions are one or
+two runs of consecutive positions (contiguous or zig-zag), and so are a block's; each pair of
+runs is either hidden by the mask (skipped: no compute), fully visible (no mask needed), or on
+the diagonal (masked). Skipping is what makes causal attention cost half of full attention,
+and what the zig-zag layout spreads evenly.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -72,11 +76,11 @@ class RingAttention(torch.autograd.Function):
             if step < n - 1:  # the next block travels while this one is computed
                 incoming = block.new_empty(*block.shape[:2], sizes[(src - 1) % n], 2 * d)
                 handles = [comm.irecv(incoming, (rank - 1) % n), comm.isend(block, (rank + 1) % n)]
-            allowed = positions[rank][:, None] >= positions[src][None, :]  # (Tq, Tk)
-            if allowed.any():
-                with comm.compute("attention block"):
-                    k_s, v_s = block.split(d, dim=-1)
-                    m, total, acc = _fold(q, k_s, v_s, allowed, scale, m, total, acc)
+            with comm.compute("attention block"):
+                k_s, v_s = block.split(d, dim=-1)
+                for qs, ks, allowed in visible_pairs(positions[rank], positions[src]):
+                    m[qs], total[qs], acc[qs] = _fold(q[qs], k_s[ks], v_s[ks], allowed, scale,
+                                                      m[qs], total[qs], acc[qs])
             wait_all(handles)
             if incoming is not None:
                 block = incoming
@@ -97,15 +101,16 @@ class RingAttention(torch.autograd.Function):
         block = torch.cat([k, v, torch.zeros_like(k), torch.zeros_like(v)], dim=-1)
         for step in range(n):
             src = (rank - step) % n
-            allowed = positions[rank][:, None] >= positions[src][None, :]
-            if allowed.any():
-                k_s, v_s, dk_s, dv_s = block.split(d, dim=-1)  # views: dk_s, dv_s in place
-                scores = (q @ k_s.transpose(-2, -1) * ctx.scale).masked_fill(~allowed, -math.inf)
-                p = torch.exp(scores - lse)  # the forward's probabilities, recomputed
-                dv_s += p.transpose(-2, -1) @ d_out
-                ds = p * (d_out @ v_s.transpose(-2, -1) - delta)
-                dq += ds @ k_s * ctx.scale
-                dk_s += ds.transpose(-2, -1) @ q * ctx.scale
+            k_s, v_s, dk_s, dv_s = block.split(d, dim=-1)  # views: dk_s, dv_s in place
+            for qs, ks, allowed in visible_pairs(positions[rank], positions[src]):
+                scores = q[qs] @ k_s[ks].transpose(-2, -1) * ctx.scale
+                if allowed is not None:
+                    scores = scores.masked_fill(~allowed, -math.inf)
+                p = torch.exp(scores - lse[qs])  # the forward's probabilities, recomputed
+                dv_s[ks] += p.transpose(-2, -1) @ d_out[qs]
+                ds = p * (d_out[qs] @ v_s[ks].transpose(-2, -1) - delta[qs])
+                dq[qs] += ds @ k_s[ks] * ctx.scale
+                dk_s[ks] += ds.transpose(-2, -1) @ q[qs] * ctx.scale
             if n == 1:
                 break
             last = step == n - 1  # only dk and dv still travel: home to their owner
@@ -118,11 +123,37 @@ class RingAttention(torch.autograd.Function):
         return dq, dk.contiguous(), dv.contiguous(), None, None
 
 
-def _fold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+Rows = tuple[Any, ...]  # an index of a (B, heads, tokens, width) tensor's token rows
+
+
+def visible_pairs(q_pos: torch.Tensor, k_pos: torch.Tensor
+                  ) -> Iterator[tuple[Rows, Rows, torch.Tensor | None]]:
+    """For each run of consecutive query positions and each run of key positions that the
+    causal mask does not hide entirely: their rows, and the mask (None where every query sees
+    every key)."""
+    for qa, qb in _runs(q_pos):
+        for ka, kb in _runs(k_pos):
+            qp, kp = q_pos[qa:qb], k_pos[ka:kb]
+            if qp[-1] < kp[0]:
+                continue  # every query precedes every key
+            allowed = None if qp[0] >= kp[-1] else qp[:, None] >= kp[None, :]
+            yield (..., slice(qa, qb), slice(None)), (..., slice(ka, kb), slice(None)), allowed
+
+
+def _runs(positions: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of consecutive positions."""
+    breaks = (torch.nonzero(positions[1:] != positions[:-1] + 1).flatten() + 1).tolist()
+    edges = [0, *breaks, len(positions)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _fold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
           scale: float, m: torch.Tensor, total: torch.Tensor, acc: torch.Tensor
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The running (maximum, sum, weighted values) with one more block of keys folded in."""
-    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~allowed, -math.inf)
+    scores = q @ k.transpose(-2, -1) * scale
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, -math.inf)
     new_m = torch.maximum(m, scores.amax(-1, keepdim=True))
     safe = new_m.masked_fill(torch.isinf(new_m), 0.0)  # a row that has seen no key yet
     p = torch.exp(scores - safe)

@@ -1,0 +1,113 @@
+"""Module 10's long sequences: ring attention against all-gathering the keys and values, on 2
+and 4 engines of a `Cluster` (gloo), in the same run, at growing sequence lengths.
+
+One causal attention (batch 1, 4 heads of 16, float32) over a sequence dealt zig-zag over the
+ranks; per rank: forward + backward milliseconds (medians of interleaved rounds; the slowest
+rank reported) and the CPU allocator's peak during them (the largest rank reported), against
+one rank's ring attention over the whole sequence divided by N (memory should fall as 1/N).
+Goals (issue): ring attention's memory per rank within 10% of 1/N of one rank's, its time at
+most 1.0x the all-gather variant's at the longest length.
+
+    python benchmarks/long_context.py [--lengths 512 1024 2048] [--ranks 2 4] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from lib_dist.cluster import Cluster
+
+HEADS, HEAD_SIZE = 4, 16
+
+
+def peak_during(fn: Callable[[], Any]) -> int:
+    """The most bytes the CPU allocator held at once during `fn()`, above what it held before
+    (the main thread's allocations: what the profiler records)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    changes = sorted((float(e["ts"]), int(e["args"]["Bytes"])) for e in events
+                     if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0)
+    now = peak = 0
+    for _, change in changes:
+        now += change
+        peak = max(peak, now)
+    return peak
+
+
+def attention_run(comm: Any, seq_len: int, way: str) -> Callable[[], None]:
+    """Forward and backward of this rank's share of one causal attention, as a callable."""
+    from lib_dist.context_parallel import Layout, gathered_attention, ring_attention
+
+    layout = Layout(seq_len, comm.world_size)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (layout.shard(torch.randn(1, HEADS, seq_len, HEAD_SIZE, generator=g), comm.rank)
+               .requires_grad_() for _ in range(3))
+    attention = ring_attention if way == "ring" else gathered_attention
+
+    def run() -> None:
+        attention(q, k, v, comm, layout).sum().backward()
+    return run
+
+
+def per_rank(comm: Any, lengths: list[int], rounds: int) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    ways = ("ring", "gathered")
+    out: dict[str, Any] = {}
+    for seq_len in lengths:
+        runs = {w: attention_run(comm, seq_len, w) for w in ways}
+        times: dict[str, list[float]] = {w: [] for w in ways}
+        for _ in range(rounds):
+            for w in ways:
+                comm.barrier()
+                start = time.perf_counter()
+                runs[w]()
+                times[w].append((time.perf_counter() - start) * 1e3)
+        peaks = {}
+        for w in ways:
+            comm.barrier()
+            peaks[w] = peak_during(runs[w])
+        out[str(seq_len)] = {"ms": {w: statistics.median(t) for w, t in times.items()},
+                             "peak": peaks}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    mib = 2 ** 20
+    print(f"causal attention, batch 1, {HEADS} heads of {HEAD_SIZE}, float32, zig-zag layout; "
+          f"medians of {args.rounds} rounds of forward + backward")
+    with Cluster(1, timeout=300) as cluster:
+        [alone] = cluster.run(per_rank, args.lengths, 1)
+    for n in args.ranks:
+        with Cluster(n, timeout=300) as cluster:
+            ranks = cluster.run(per_rank, args.lengths, args.rounds)
+        for seq_len in map(str, args.lengths):
+            ms = {w: max(r[seq_len]["ms"][w] for r in ranks) for w in ("ring", "gathered")}
+            peak = {w: max(r[seq_len]["peak"][w] for r in ranks) for w in ("ring", "gathered")}
+            share = alone[seq_len]["peak"]["ring"] / n
+            print(f"{n} ranks, {seq_len:>5} tokens: ring {ms['ring']:8.1f} ms, peak "
+                  f"{peak['ring'] / mib:7.2f} MiB ({peak['ring'] / share:.2f}x one rank's / {n}); "
+                  f"all-gather {ms['gathered']:8.1f} ms, peak {peak['gathered'] / mib:7.2f} MiB; "
+                  f"ring / all-gather time {ms['ring'] / ms['gathered']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
