@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from lib_dist.comm import SimulatedWorld
-from lib_dist.context_parallel import Layout, gathered_attention, ring_attention
+from lib_dist.context_parallel import (Layout, gathered_attention, ring_attention,
+                                      ulysses_attention)
 
 B, H, D = 2, 3, 4
 
@@ -63,6 +64,35 @@ def test_split_attention_is_exactly_the_unsplit_one(attention, n, seq_len, zigza
     for i, name in enumerate("qkv"):
         grad = layout.unshard([grads[i] for _, grads in ranks])
         torch.testing.assert_close(grad, want_grads[i], rtol=1e-12, atol=1e-13, msg=name)
+
+
+@pytest.mark.parametrize("n, seq_len, zigzag", [(3, 13, True), (1, 8, True), (3, 10, False)])
+def test_ulysses_attention_is_exactly_the_unsplit_one_too(n, seq_len, zigzag):
+    # B, H = 2, 3: heads split over 1 or 3 ranks
+    q, k, v = full_sequence(seq_len, seed=seq_len)
+    layout = Layout(seq_len, n, zigzag)
+    want, want_grads = reference(q, k, v)
+    world = SimulatedWorld(n)
+    ranks = world.run(split_run, ulysses_attention, layout, q, k, v)
+    torch.testing.assert_close(layout.unshard([out for out, _ in ranks]), want, rtol=1e-12,
+                               atol=1e-13)
+    for i, name in enumerate("qkv"):
+        grad = layout.unshard([grads[i] for _, grads in ranks])
+        torch.testing.assert_close(grad, want_grads[i], rtol=1e-12, atol=1e-13, msg=name)
+    kinds = [e.kind for e in world.trace.of_rank(0) if e.kind not in ("send", "recv")]
+    assert kinds.count("all_to_all") == 8  # q, k, v, out forward; their gradients back
+
+
+def test_ulysses_refuses_heads_the_ranks_do_not_divide():
+    layout = Layout(8, 2)
+
+    def body(comm):
+        q = torch.zeros(B, H, 4, D)
+        with pytest.raises(ValueError, match="3 heads over 2 ranks"):
+            ulysses_attention(q, q, q, comm, layout)
+        return True
+
+    assert SimulatedWorld(2).run(body) == [True, True]
 
 
 def test_it_equals_torchs_scaled_dot_product_attention():
