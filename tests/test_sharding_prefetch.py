@@ -1,12 +1,12 @@
 """FSDP's prefetch (`FSDP(..., prefetch=True)`) on simulated ranks: the same training as one
-process; the same all-gathers, one per unit per pass; but each block's all-gather starts before
-the block computed before it has finished (forward) or after it (backward), read from the
-trace's times; and one more unit held while a block computes."""
+process; the same all-gathers, one per unit per pass; but each block's all-gather is posted before
+the block that precedes it in the pass (backward meets them in reverse) has computed, in the
+order the rank's main thread sees (not from times, which a busy machine shifts); and one more
+unit held while a block computes."""
 
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
 import torch
@@ -38,32 +38,43 @@ def test_prefetching_fsdp_trains_the_gpt_as_one_process_does(n):
             torch.testing.assert_close(got[name], p.detach(), rtol=0, atol=1e-12, msg=name)
 
 
-def block_ends(comm, base, prefetch: bool) -> dict[str, list[float]]:
-    """One step; when each block's forward, and each block's backward, ended (monotonic
-    time, as the trace's; backward lists the last block first)."""
+def posts_and_block_ends(comm, base, prefetch: bool) -> list[str]:
+    """One step, as this rank's main thread saw it: each asynchronous all-gather posted
+    ("post"), each block's forward and backward finished ("forward", "backward")."""
     model = copy.deepcopy(base)
-    ends: dict[str, list[float]] = {"forward": [], "backward": []}
+    seen: list[str] = []
     for block in model.blocks:
-        block.register_forward_hook(lambda m, a, o: ends["forward"].append(time.monotonic()))
-        block.register_full_backward_hook(
-            lambda m, gi, go: ends["backward"].append(time.monotonic()))
+        block.register_forward_hook(lambda m, a, o: seen.append("forward"))
+        block.register_full_backward_hook(lambda m, gi, go: seen.append("backward"))
+    post = comm.all_gather_async
+
+    def posted(tensor):
+        seen.append("post")
+        return post(tensor)
+
+    comm.all_gather_async = posted
     sharded = FSDP(model, comm, units=list(model.blocks), prefetch=prefetch)
     loss(sharded, batch(0, comm.rank)).backward()
-    return ends
+    return seen
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_the_next_blocks_gather_starts_before_this_block_has_computed(prefetch):
+def test_the_next_blocks_gather_is_posted_before_this_block_has_computed(prefetch):
     world = SimulatedWorld(2)
-    ends = world.run(block_ends, gpt(), prefetch)[0]
-    gathers = [e.start for e in world.trace.of_rank(0) if e.kind == "all_gather"]
+    seen = world.run(posts_and_block_ends, gpt(), prefetch)[0]
     blocks = CONFIG.n_layer
+    gathers = [e for e in world.trace.of_rank(0) if e.kind == "all_gather"]
     # one per unit per pass, prefetched or not: the root, then each block, forward and back
     assert len(gathers) == 2 * (blocks + 1)
-    forward, backward = gathers[1:blocks + 1], gathers[blocks + 2:]
-    early = [forward[k + 1] < ends["forward"][k] for k in range(blocks - 1)]
-    early += [backward[k + 1] < ends["backward"][k] for k in range(blocks - 1)]
-    assert all(early) if prefetch else not any(early), early
+    if not prefetch:
+        assert "post" not in seen
+        return
+    posted_before = [seen[:i].count("post") for i, e in enumerate(seen) if e == "forward"]
+    # block 0's gather is posted as the root's forward starts, block k + 1's as block k starts
+    assert posted_before == [k + 2 for k in range(blocks - 1)] + [blocks]
+    backward = [seen[:i].count("post") - blocks for i, e in enumerate(seen) if e == "backward"]
+    # backward: the last block's as the root's backward starts, block k - 1's as block k starts
+    assert backward == [k + 2 for k in range(blocks - 1)] + [blocks]
 
 
 def held_while_blocks_compute(comm, base, prefetch: bool) -> list[int]:
