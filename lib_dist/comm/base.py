@@ -105,6 +105,11 @@ class Communicator(ABC):
         with self._traced("barrier"):
             self.world_barrier()
 
+    def subgroup(self, ranks: list[int]) -> Communicator | None:
+        """A communicator over `ranks` (increasing), None on a rank not among them; collective:
+        every rank calls it for every group (`lib_dist.comm.mesh.split` builds on it)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot make groups of its ranks")
+
     @contextmanager
     def compute(self, label: str, cost: float = 0.0) -> Iterator[None]:
         """Record the block as work named `label`; on a virtual clock it takes `cost` units."""

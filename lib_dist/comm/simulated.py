@@ -49,6 +49,8 @@ class _Op:
     state: _State | None = None  # the run it belongs to; `post` sets the world's current one
     vposted: float = 0.0  # the poster's virtual time when it posted
     vdone: float = 0.0  # the virtual time it completes at, once matched
+    tag: tuple[int, ...] = ()  # the group it runs in (`subgroup`); () is the whole world
+    members: tuple[int, ...] | None = None  # a group's barrier: its ranks; None: every rank
 
     def describe(self) -> str:
         if self.kind == "barrier":
@@ -58,12 +60,16 @@ class _Op:
 
 @dataclass
 class _State:
-    sends: dict[tuple[int, int], deque[_Op]] = field(default_factory=lambda: defaultdict(deque))
-    recvs: dict[tuple[int, int], deque[_Op]] = field(default_factory=lambda: defaultdict(deque))
+    # by channel: (group tag, sender, receiver)
+    sends: dict[tuple[tuple[int, ...], int, int], deque[_Op]] = field(
+        default_factory=lambda: defaultdict(deque))
+    recvs: dict[tuple[tuple[int, ...], int, int], deque[_Op]] = field(
+        default_factory=lambda: defaultdict(deque))
     waiting: dict[int, _Op] = field(default_factory=dict)
     ended: dict[int, str] = field(default_factory=dict)  # rank -> "returned" / "failed (...)"
-    barrier: list[_Op] = field(default_factory=list)
-    generation: int = 0
+    barrier: dict[tuple[int, ...], list[_Op]] = field(default_factory=lambda: defaultdict(list))
+    generation: dict[tuple[int, ...], int] = field(default_factory=lambda: defaultdict(int))
+    traces: dict[tuple[int, ...], Trace] = field(default_factory=dict)  # by group
 
 
 class SimulatedWorld:
@@ -137,15 +143,17 @@ class SimulatedWorld:
                 op.state = self._state
             s = op.state
             if op.kind == "barrier":
-                op.generation = s.generation
-                s.barrier.append(op)
-                if len(s.barrier) == self.world_size:
-                    last = max(b.vposted for b in s.barrier)
-                    for b in s.barrier:
+                op.generation = s.generation[op.tag]
+                waiting = s.barrier[op.tag]
+                waiting.append(op)
+                if len(waiting) == len(op.members or range(self.world_size)):
+                    last = max(b.vposted for b in waiting)
+                    for b in waiting:
                         b.done, b.vdone = True, last
-                    s.barrier, s.generation = [], s.generation + 1
+                    s.barrier[op.tag], s.generation[op.tag] = [], op.generation + 1
             else:
-                channel = (op.rank, op.peer) if op.kind == "send" else (op.peer, op.rank)
+                src, dst = (op.rank, op.peer) if op.kind == "send" else (op.peer, op.rank)
+                channel = (op.tag, src, dst)
                 mine, theirs = ((s.sends, s.recvs) if op.kind == "send" else (s.recvs, s.sends))
                 if theirs[channel]:
                     other = theirs[channel].popleft()
@@ -204,7 +212,7 @@ class SimulatedWorld:
         """Fail every wait of the run `s` that can no longer complete."""
         stuck = {r: op for r, op in s.waiting.items() if not op.done and op.error is None}
         for r, op in stuck.items():
-            peers = range(self.world_size) if op.kind == "barrier" else [op.peer]
+            peers = (op.members or range(self.world_size)) if op.kind == "barrier" else [op.peer]
             gone = [p for p in peers if p in s.ended]
             if gone:
                 p = gone[0]
@@ -258,6 +266,14 @@ class SimulatedCommunicator(Communicator):
     def _post(self, kind: str, peer: int, tensor: torch.Tensor | None = None) -> _Op:
         return self.world.post(_Op(kind, self.rank, peer, tensor, state=self._state,
                                    vposted=self._vnow))
+
+    def subgroup(self, ranks: list[int]) -> Communicator | None:
+        """A communicator over `ranks` (of this communicator), None on a rank not among them;
+        its messages never meet the world's or another group's. Collective, as the torch
+        backend's: every rank calls it for every group, in the same order, ranks increasing."""
+        from .simulated_group import subgroup_of
+
+        return subgroup_of(self, ranks)
 
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
         return _SimHandle(self, self._post("send", dst, tensor))
