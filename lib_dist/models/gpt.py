@@ -4,7 +4,9 @@ Token and position embeddings go through `n_layer` blocks, each a causal self-at
 MLP, both wrapped as pre-LayerNorm residual branches: x + attn(ln(x)), then x + mlp(ln(x)).
 A final LayerNorm and a linear head (sharing its weight with the token embedding) give the
 logits of the next token at every position. Attention is written out (scores, causal mask,
-softmax, weighted sum) rather than fused, so every step can be inspected and measured.
+softmax, weighted sum) rather than fused, so every step can be inspected and measured;
+`fused_attention=True` uses torch's `scaled_dot_product_attention` instead, which never
+materialises the (T, T) scores on devices with a fused kernel (the same function, to rounding).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 64
     dropout: float = 0.0
+    fused_attention: bool = False  # torch's scaled_dot_product_attention, not written out
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -48,11 +51,16 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         mask = torch.ones(config.block_size, config.block_size, dtype=torch.bool).tril()
         self.register_buffer("causal", mask, persistent=False)
+        self.fused = config.fused_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         C = x.shape[2]
         q, k, v = self.qkv(x).split(C, dim=2)
-        y = causal_attention(q, k, v, C // self.n_head, self.causal, self.attn_dropout)
+        if self.fused:
+            p = self.attn_dropout.p if self.training else 0.0
+            y = fused_causal_attention(q, k, v, C // self.n_head, p)
+        else:
+            y = causal_attention(q, k, v, C // self.n_head, self.causal, self.attn_dropout)
         return self.resid_dropout(self.proj(y))
 
 
@@ -71,6 +79,15 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_siz
     if dropout is not None:
         weights = dropout(weights)
     return (weights @ v).transpose(1, 2).reshape(B, T, width)
+
+
+def fused_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_size: int,
+                           dropout_p: float = 0.0) -> torch.Tensor:
+    """`causal_attention` by torch's fused kernel (its dropout draws other masks)."""
+    B, T, width = q.shape
+    q, k, v = (t.view(B, T, width // head_size, head_size).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    return y.transpose(1, 2).reshape(B, T, width)
 
 
 class FeedForward(nn.Module):
