@@ -31,6 +31,11 @@ class GPTConfig:
     dropout: float = 0.0
     fused_attention: bool = False  # torch's scaled_dot_product_attention, not written out
 
+    def __repr__(self) -> str:  # the option shown only when taken, as configs printed before it
+        fields = {k: v for k, v in self.__dict__.items()
+                  if k != "fused_attention" or self.fused_attention}
+        return f"GPTConfig({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
+
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head "
