@@ -5,9 +5,10 @@ A plan is a ZeRO stage (0: plain data parallelism; 1: optimizer state sharded; 2
 too; 3: parameters too, as FSDP) and a recomputation ("none"; "selective": attention's core;
 "full": each block keeps only its input). For each plan, per rank:
 
-- memory: module 7's bytes per parameter under the stage (`zero_bytes_per_rank`), plus module
-  2's activations (`gpt_activation_bytes`, float32) less what recomputation drops, plus what a
-  plan holds for a moment: with full recomputation one block's activations, recomputed during
+- memory: module 7's bytes per parameter under the stage (`zero_bytes_per_rank`; in float32,
+  lib_dist's ZeRO-1 and ZeRO-2 also keep the float32 copy of the shard they step, which mixed
+  precision counts as the master weights), plus module 2's activations
+  (`gpt_activation_bytes`, float32) less what recomputation drops, plus what a plan holds for a moment: with full recomputation one block's activations, recomputed during
   its backward; under stage 3 the gathered root and one gathered block (two with prefetch);
   under stage 2 one bucket of full gradients. A budget to plan with, like module 2's four-way
   sum: the real peak also holds the backward's temporaries (measure it);
@@ -124,6 +125,8 @@ def price(config: GPTConfig, batch_size: int, world_size: int, stage: int, recom
     N, T = world_size, seq_len or config.block_size
     P = gpt_num_params(config)
     state = zero_bytes_per_rank(stage, N, mixed).total * P
+    if stage in (1, 2) and not mixed:  # the float32 copy of the shard they step
+        state += 4 * P / N
     activations = activation_bytes(config, batch_size, recompute, T)
     param_bytes = 2 if mixed else 4
     transient = 0.0
