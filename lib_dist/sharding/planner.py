@@ -8,10 +8,11 @@ too; 3: parameters too, as FSDP) and a recomputation ("none"; "selective": atten
 - memory: module 7's bytes per parameter under the stage (`zero_bytes_per_rank`; in float32,
   lib_dist's ZeRO-1 and ZeRO-2 also keep the float32 copy of the shard they step, which mixed
   precision counts as the master weights), plus module 2's activations
-  (`gpt_activation_bytes`, float32) less what recomputation drops, plus what a plan holds for a moment: with full recomputation one block's activations, recomputed during
-  its backward; under stage 3 the gathered root and one gathered block (two with prefetch);
-  under stage 2 one bucket of full gradients. A budget to plan with, like module 2's four-way
-  sum: the real peak also holds the backward's temporaries (measure it);
+  (`gpt_activation_bytes`, float32) less what recomputation drops, plus what a plan holds for
+  a moment: with full recomputation one block's activations, recomputed during its backward;
+  under stage 3 the gathered root and one gathered block (two with prefetch); under stage 2
+  one bucket of full gradients. A budget to plan with, like module 2's four-way sum: the real
+  peak also holds the backward's temporaries (measure it);
 - time: the matrix products' FLOPs (6 per parameter of a matrix and token, plus attention's
   12 B T^2 C per layer), recomputation's extra forward FLOPs, at `flops` per second; and the
   communication under the alpha-beta model: the parameters' gradients' ring all-reduce (stages
