@@ -1,0 +1,78 @@
+"""The two all-to-alls of expert parallelism, as autograd functions.
+
+Dispatch sends each token's row to the rank holding its expert; combine sends the experts'
+outputs back to the tokens' ranks. Both are one `Communicator.all_to_all` of rows: this rank's
+tensor is cut into consecutive blocks of `send[d]` rows, block d goes to rank d, and the
+blocks received, `recv[s]` rows from rank s, are concatenated in rank order. Sizes differ per
+peer (routing is uneven), which is why every rank must know `recv` before the exchange (the
+layer learns it from the counts gathered before dispatch, `lib_dist.experts.parallel`).
+
+Each one's backward is the same exchange reversed (send and recv swapped): the gradient of a
+row goes back to the rank it came from, as tensor parallelism's f and g are each other's
+transpose (`lib_dist.tensor_parallel.functions`). So combine's backward carries the outputs'
+gradients to the experts, and dispatch's backward carries the inputs' gradients home: two
+all-to-alls forward, two backward. Every rank must run both backwards (they are collective):
+every rank's loss must depend on the layer's output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..comm import Communicator
+
+
+def exchange_rows(x: torch.Tensor, comm: Communicator, send: list[int],
+                  recv: list[int]) -> torch.Tensor:
+    """Rows `x` cut into blocks of `send[d]` rows for rank d; returns the `recv[s]` rows from
+    each rank s, concatenated in rank order. One `all_to_all`; no autograd."""
+    if sum(send) != x.shape[0]:
+        raise ValueError(f"rank {comm.rank}: sends {sum(send)} rows ({send} to ranks "
+                         f"0..{len(send) - 1}) but holds {x.shape[0]}")
+    inputs = [block.contiguous() for block in x.split(send)]
+    outputs = [x.new_empty((n, *x.shape[1:])) for n in recv]
+    return torch.cat(comm.all_to_all(inputs, outputs))
+
+
+class Dispatch(torch.autograd.Function):
+    """Tokens to their experts' ranks forward; their gradients home backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Communicator, send: list[int],
+                recv: list[int]) -> torch.Tensor:
+        ctx.comm, ctx.send, ctx.recv = comm, send, recv
+        return exchange_rows(x, comm, send, recv)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return exchange_rows(grad.contiguous(), ctx.comm, ctx.recv, ctx.send), None, None, None
+
+
+class Combine(torch.autograd.Function):
+    """Experts' outputs back to their tokens' ranks forward; their gradients to the experts
+    backward. The same exchange as `Dispatch`, named for what it carries."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, comm: Communicator, send: list[int],
+                recv: list[int]) -> torch.Tensor:
+        ctx.comm, ctx.send, ctx.recv = comm, send, recv
+        return exchange_rows(y, comm, send, recv)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return exchange_rows(grad.contiguous(), ctx.comm, ctx.recv, ctx.send), None, None, None
+
+
+def dispatch(x: torch.Tensor, comm: Communicator, send: list[int],
+             recv: list[int]) -> torch.Tensor:
+    """`send[d]` rows of x to rank d; the `recv[s]` rows from each rank s, in rank order."""
+    return Dispatch.apply(x, comm, send, recv)
+
+
+def combine(y: torch.Tensor, comm: Communicator, send: list[int],
+            recv: list[int]) -> torch.Tensor:
+    """As `dispatch`, for the experts' outputs on their way back (send: what dispatch received,
+    recv: what it sent)."""
+    return Combine.apply(y, comm, send, recv)
