@@ -23,7 +23,8 @@ gathered probability sums. Its value is the same on every rank, but its gradient
 through this rank's probabilities: summed over the ranks (`sync_router_grads`), the router's
 gradients are those of one process's loss sum_r loss_r + aux (each rank adds aux once; the
 shares add up to its gradient once). The experts' gradients need no reduction: the backward
-all-to-alls bring each expert every rank's contribution.
+all-to-alls bring each expert every rank's contribution. Under autograd, every forward is two
+all-to-alls and every backward two, whether or not x needs a gradient on this rank.
 """
 
 from __future__ import annotations
@@ -74,7 +75,12 @@ class ExpertParallelMoE(nn.Module):
         token, slot, _ = assignments(routing.chosen, kept)
         send = fits[comm.rank].view(n, L).sum(1).tolist()    # rows to each rank's experts
         recv = fits[:, self.first:self.first + L].sum(1).tolist()  # rows from each rank
-        arrived = dispatch(flat[token], comm, send, recv)
+        rows = flat[token]
+        if torch.is_grad_enabled() and not rows.requires_grad:
+            # dispatch's backward is collective: run it on every rank, even where x needs no
+            # gradient (then it carries one nobody reads), so that no rank waits for it alone
+            rows = rows.detach().requires_grad_()
+        arrived = dispatch(rows, comm, send, recv)
         done = combine(self._run_experts(arrived, fits), comm, recv, send)
         out = combine_rows(done, token, routing.gates[token, slot], flat)
 
