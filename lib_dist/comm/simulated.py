@@ -23,8 +23,6 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections import defaultdict, deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -33,43 +31,10 @@ from ..errors import RankFailure
 from ..patience import load_seen, stretched
 from .base import Communicator, Handle
 from .clock import VirtualClock
-from .errors import CommError, CommTimeout, DeadlockError, MismatchError, PeerFailed
+from .errors import CommTimeout, DeadlockError, MismatchError, PeerFailed
+from .simulated_group import subgroup_of
+from .simulated_ops import Op, RunState, SimHandle
 from .trace import Trace
-
-
-@dataclass(eq=False)
-class _Op:
-    kind: str  # "send", "recv" or "barrier"
-    rank: int
-    peer: int
-    tensor: torch.Tensor | None = None
-    done: bool = False
-    error: CommError | None = None
-    generation: int = 0  # barriers only
-    state: _State | None = None  # the run it belongs to; `post` sets the world's current one
-    vposted: float = 0.0  # the poster's virtual time when it posted
-    vdone: float = 0.0  # the virtual time it completes at, once matched
-    tag: tuple[int, ...] = ()  # the group it runs in (`subgroup`); () is the whole world
-    members: tuple[int, ...] | None = None  # a group's barrier: its ranks; None: every rank
-
-    def describe(self) -> str:
-        if self.kind == "barrier":
-            return "barrier"
-        return f"{self.kind} {'to' if self.kind == 'send' else 'from'} rank {self.peer}"
-
-
-@dataclass
-class _State:
-    # by channel: (group tag, sender, receiver)
-    sends: dict[tuple[tuple[int, ...], int, int], deque[_Op]] = field(
-        default_factory=lambda: defaultdict(deque))
-    recvs: dict[tuple[tuple[int, ...], int, int], deque[_Op]] = field(
-        default_factory=lambda: defaultdict(deque))
-    waiting: dict[int, _Op] = field(default_factory=dict)
-    ended: dict[int, str] = field(default_factory=dict)  # rank -> "returned" / "failed (...)"
-    barrier: dict[tuple[int, ...], list[_Op]] = field(default_factory=lambda: defaultdict(list))
-    generation: dict[tuple[int, ...], int] = field(default_factory=lambda: defaultdict(int))
-    traces: dict[tuple[int, ...], Trace] = field(default_factory=dict)  # by group
 
 
 class SimulatedWorld:
@@ -84,7 +49,7 @@ class SimulatedWorld:
         self.clock = clock
         self.trace = Trace()
         self._cond = threading.Condition()
-        self._state = _State()
+        self._state = RunState()
 
     def communicators(self) -> list[SimulatedCommunicator]:
         return [SimulatedCommunicator(self, r) for r in range(self.world_size)]
@@ -99,7 +64,7 @@ class SimulatedWorld:
         self.trace = Trace()
         # A fresh state per run: a rank thread left over from an earlier failed run (still
         # looping, or sleeping) posts and ends in its own run's state, never in this one.
-        self._state = state = _State()
+        self._state = state = RunState()
         results: list[Any] = [None] * self.world_size
         failures: dict[int, str] = {}
         exceptions: dict[int, BaseException] = {}
@@ -137,7 +102,7 @@ class SimulatedWorld:
 
     # -- matching, under the world's lock --------------------------------------------------
 
-    def post(self, op: _Op) -> _Op:
+    def post(self, op: Op) -> Op:
         with self._cond:
             if op.state is None:
                 op.state = self._state
@@ -163,7 +128,7 @@ class SimulatedWorld:
             self._cond.notify_all()
         return op
 
-    def _match(self, send: _Op, recv: _Op) -> None:
+    def _match(self, send: Op, recv: Op) -> None:
         a, b = send.tensor, recv.tensor
         assert a is not None and b is not None  # sends and receives always carry one
         if a.shape != b.shape or a.dtype != b.dtype:
@@ -178,7 +143,7 @@ class SimulatedWorld:
             send.vdone = recv.vdone = max(send.vposted, recv.vposted) + cost
             send.done = recv.done = True
 
-    def wait(self, op: _Op) -> None:
+    def wait(self, op: Op) -> None:
         # A busy machine starves the peer's thread, not the exchange: the wait grows with load.
         limit = stretched(self.timeout)
         deadline = time.monotonic() + limit
@@ -203,12 +168,12 @@ class SimulatedWorld:
         if op.error is not None:
             raise op.error
 
-    def _end(self, state: _State, rank: int, how: str) -> None:
+    def _end(self, state: RunState, rank: int, how: str) -> None:
         with self._cond:
             state.ended[rank] = how
             self._cond.notify_all()
 
-    def _find_deadlock(self, s: _State) -> None:
+    def _find_deadlock(self, s: RunState) -> None:
         """Fail every wait of the run `s` that can no longer complete."""
         stuck = {r: op for r, op in s.waiting.items() if not op.done and op.error is None}
         for r, op in stuck.items():
@@ -231,18 +196,6 @@ class SimulatedWorld:
             self._cond.notify_all()
 
 
-class _SimHandle(Handle):
-    def __init__(self, comm: SimulatedCommunicator, op: _Op):
-        self._comm, self._op = comm, op
-
-    def wait(self) -> None:
-        self._comm.world.wait(self._op)
-        self._comm._advance_to(self._op.vdone)
-
-    def is_completed(self) -> bool:
-        return self._op.done
-
-
 class SimulatedCommunicator(Communicator):
     """One rank of a `SimulatedWorld`; its trace is the world's."""
 
@@ -263,26 +216,24 @@ class SimulatedCommunicator(Communicator):
     def _advance_to(self, when: float) -> None:
         self._vnow = max(self._vnow, when)
 
-    def _post(self, kind: str, peer: int, tensor: torch.Tensor | None = None) -> _Op:
-        return self.world.post(_Op(kind, self.rank, peer, tensor, state=self._state,
+    def _post(self, kind: str, peer: int, tensor: torch.Tensor | None = None) -> Op:
+        return self.world.post(Op(kind, self.rank, peer, tensor, state=self._state,
                                    vposted=self._vnow))
 
     def subgroup(self, ranks: list[int]) -> Communicator | None:
         """A communicator over `ranks` (of this communicator), None on a rank not among them;
         its messages never meet the world's or another group's. Collective, as the torch
         backend's: every rank calls it for every group, in the same order, ranks increasing."""
-        from .simulated_group import subgroup_of
-
         return subgroup_of(self, ranks)
 
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
-        return _SimHandle(self, self._post("send", dst, tensor))
+        return SimHandle(self, self._post("send", dst, tensor))
 
     def _post_recv(self, buffer: torch.Tensor, src: int) -> Handle:
-        return _SimHandle(self, self._post("recv", src, buffer))
+        return SimHandle(self, self._post("recv", src, buffer))
 
     def world_barrier(self) -> None:
-        _SimHandle(self, self._post("barrier", -1)).wait()
+        SimHandle(self, self._post("barrier", -1)).wait()
 
 
 def _describe(t: torch.Tensor) -> str:

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from .base import Communicator, Handle
+from .simulated_ops import Op, SimHandle
 from .trace import Trace
 
 if TYPE_CHECKING:
-    from .simulated import SimulatedCommunicator, _Op
+    from .simulated import SimulatedCommunicator
 
 
 def subgroup_of(comm: SimulatedCommunicator, ranks: list[int]) -> Communicator | None:
@@ -58,25 +59,20 @@ class SimulatedGroup(Communicator):
     def _advance_virtual(self, cost: float) -> None:
         self.root._advance_virtual(cost)
 
-    def _post(self, kind: str, peer: int, tensor: torch.Tensor | None = None) -> _Op:
-        from .simulated import _Op
-
+    def _post(self, kind: str, peer: int, tensor: torch.Tensor | None = None) -> Op:
         root = self.root
-        return self.world.post(_Op(kind, root.rank, self.members[peer] if peer >= 0 else -1,
+        return self.world.post(Op(kind, root.rank, self.members[peer] if peer >= 0 else -1,
                                    tensor, state=root._state, vposted=root._vnow, tag=self.tag,
                                    members=tuple(self.members)))
 
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
-        from .simulated import _SimHandle
-        return _SimHandle(self.root, self._post("send", dst, tensor))
+        return SimHandle(self.root, self._post("send", dst, tensor))
 
     def _post_recv(self, buffer: torch.Tensor, src: int) -> Handle:
-        from .simulated import _SimHandle
-        return _SimHandle(self.root, self._post("recv", src, buffer))
+        return SimHandle(self.root, self._post("recv", src, buffer))
 
     def world_barrier(self) -> None:
-        from .simulated import _SimHandle
-        _SimHandle(self.root, self._post("barrier", -1)).wait()
+        SimHandle(self.root, self._post("barrier", -1)).wait()
 
 
 def _tag(comm: Communicator) -> tuple[int, ...]:
