@@ -3,11 +3,13 @@ tokens concatenated in rank order: the same outputs, load-balancing loss, input 
 parameter gradients (float64), with and without tokens dropped at capacity (the drop order is
 global token order: a later rank's tokens lose to an earlier rank's); exactly two all_to_all
 per forward and two per backward; the experts refused when they do not split evenly; ranks that
-disagree on what they exchange all raise."""
+disagree on what they exchange all raise; a rank keeps only the router and its own experts."""
 
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
@@ -157,3 +159,18 @@ def test_ranks_that_disagree_on_what_they_exchange_all_raise():
         assert isinstance(e, MismatchError)
         assert str(e).startswith(f"rank {r}: all_to_all: ranks disagree on the dtype")
         assert "rank 0 float64, rank 1 float32, rank 2 float64, rank 3 float64" in str(e)
+
+
+def test_a_rank_holds_the_router_and_its_own_experts_only():
+    def build(comm):
+        moe = layer(1, None)
+        others = [weakref.ref(e) for i, e in enumerate(moe.experts) if i // (E // 2) != comm.rank]
+        ep = ExpertParallelMoE(moe, comm)
+        del moe
+        gc.collect()
+        return sum(p.numel() for p in ep.parameters()), [o() is None for o in others]
+
+    per_expert = sum(p.numel() for p in layer(1, None).experts[0].parameters())
+    for held, freed in SimulatedWorld(2).run(build):
+        assert held == C * E + (E // 2) * per_expert  # the router's gate, half the experts
+        assert freed == [True] * (E // 2)           # the other half is not kept alive

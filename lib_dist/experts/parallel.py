@@ -35,13 +35,14 @@ from torch import nn
 from ..comm import Communicator
 from .exchange import combine, dispatch
 from .moe import MoE, combine_rows
-from .routing import assignments, balance_loss, kept_counts, keep_in_order
+from .routing import assignments, balance_loss, capacity, kept_counts, keep_in_order
 
 
 class ExpertParallelMoE(nn.Module):
     """`ExpertParallelMoE(moe, comm)(x)`: this rank's (output, aux loss) of `moe` run on every
-    rank's tokens at once. Holds, without copying, `moe`'s router and this rank's experts (on
-    a simulated world, give each rank its own copy of `moe`)."""
+    rank's tokens at once. Holds, without copying, `moe`'s router and this rank's experts, and
+    nothing else of `moe` (drop it, and the other experts are freed); on a simulated world,
+    give each rank its own copy of `moe`."""
 
     def __init__(self, moe: MoE, comm: Communicator):
         super().__init__()
@@ -55,7 +56,6 @@ class ExpertParallelMoE(nn.Module):
         self.first = comm.rank * self.local                 # this rank's first expert
         self.router = moe.router
         self.experts = nn.ModuleList(moe.experts[self.first:self.first + self.local])
-        self._capacity = moe.capacity
 
     def expert_ids(self) -> range:
         """The global indices of the experts this rank holds (its `experts[i]` is expert
@@ -69,7 +69,7 @@ class ExpertParallelMoE(nn.Module):
         local_sums = routing.probs.sum(0)                   # (experts,), this rank's share
         counts, prob_sums = self._gather(routing.counts(), local_sums)
         tokens = int(counts.sum()) // self.k                 # every rank's tokens
-        limit = self._capacity(tokens)
+        limit = capacity(tokens, self.k, E, self.capacity_factor)
         fits = kept_counts(counts, limit)                    # (ranks, experts)
         kept = keep_in_order(routing.chosen, E, limit, taken=counts[:comm.rank].sum(0))
         token, slot, _ = assignments(routing.chosen, kept)
