@@ -125,6 +125,21 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   graded; `replay_async`, which the tests compare an asynchronous server with, refuses to run
   inside the student's code. `benchmarks/parameter_server.py` times lib_dist's server against
   data parallel's ring all-reduce.
+- lab09_fitting_the_model: `Recompute(torch.autograd.Function)` applied as
+  `Recompute.apply(fn, *inputs)` (forward under `no_grad` saving only the inputs and the CPU
+  generator's state; backward running `fn` again with that state replayed and the generator
+  left as it was), `checkpoint(fn, *inputs)` and `Checkpointed(block)`; `Zero2Optimizer(params,
+  comm, optimizer_class, bucket_bytes=1 MiB, **hyperparameters)` on `comm.reduce_scatter` and
+  `comm.all_gather`, ZeRO stage 2 (the lab gives the buckets of `plan_buckets`; students write
+  the shards, the post-accumulate-grad hook `grad_ready`, `reduce`, `step`, `zero_grad`); and
+  FSDP (the lab gives `shard_module`, `Unit`'s views and binding, `FSDP`'s hooks, saved-tensor
+  packing and `full_state_dict`; students write `Gathered`, all-gather forward and
+  reduce-scatter backward, `Unit`'s shard and `saved_again`, `FSDP.gather` and
+  `FSDP.release`). lib_dist's versions are in `lib_dist.recompute` and `lib_dist.sharding`
+  and are switched off while the lab is graded; `torch.utils.checkpoint`, lib_dist's
+  `TorchCheckpointed`, torch's FSDP2 (`fully_shard`) and `torch_fully_sharded`, which the tests
+  compare with, refuse to run inside the student's code. `benchmarks/fsdp.py` times lib_dist's
+  FSDP against FSDP2.
 
 Reusing definitions
 -------------------
@@ -254,6 +269,26 @@ LABS: dict[str, Lab] = {
          *(f"lib_dist.parameter_server:TopK.{method}" for method in (
              "__init__", "k", "compress", "decompress"))),
         oracles=("lib_dist.parameter_server:replay_async",),
+        engines=True, preload=("torch._dynamo",)),
+    "lab09_fitting_the_model": Lab(
+        ("Recompute", "checkpoint", "Checkpointed", "Zero2Optimizer", "Gathered", "Unit",
+         "shard_module", "FSDP"),
+        ("lib_dist.recompute:Recompute.forward", "lib_dist.recompute:Recompute.backward",
+         "lib_dist.recompute:checkpoint", "lib_dist.recompute:Checkpointed.forward",
+         "lib_dist.recompute:checkpoint_blocks", "lib_dist.recompute:replayed",
+         *(f"lib_dist.sharding.zero2:Zero2Optimizer.{method}" for method in (
+             "__init__", "_on_grad_ready", "_reduce", "step", "zero_grad")),
+         "lib_dist.sharding.zero2:Bucket.__init__", "lib_dist.sharding.zero2:Bucket.my_chunk",
+         "lib_dist.sharding.fsdp:Gathered.forward", "lib_dist.sharding.fsdp:Gathered.backward",
+         *(f"lib_dist.sharding.fsdp:Unit.{method}" for method in (
+             "__init__", "gather", "saved_again")),
+         *(f"lib_dist.sharding.fsdp:FSDP.{method}" for method in (
+             "__init__", "forward", "full_state_dict", "_gather", "_release", "_pack",
+             "_unpack")),
+         "lib_dist.sharding.fsdp:_shard"),
+        oracles=("torch.utils.checkpoint:checkpoint", "lib_dist.recompute:TorchCheckpointed",
+                 "torch.distributed.fsdp:fully_shard",
+                 "lib_dist.sharding.fsdp:torch_fully_sharded"),
         engines=True, preload=("torch._dynamo",)),
 }
 
