@@ -31,6 +31,7 @@ from ..comm import AlphaBeta
 from ..mixed_precision.memory import zero_bytes_per_rank, zero_traffic_per_rank
 from ..models.gpt import GPTConfig
 from ..train.memory import gpt_activation_bytes, gpt_num_params
+from ..train.utilisation import flops_per_token
 
 RECOMPUTE = ("none", "selective", "full")
 STAGES = (0, 1, 2, 3)
@@ -88,11 +89,6 @@ def activation_bytes(config: GPTConfig, batch_size: int, recompute: str = "none"
     return plain
 
 
-def matmul_params(config: GPTConfig) -> int:
-    """Parameters that multiply a matrix: each layer's 12 C^2 and the (tied) output head."""
-    return config.n_layer * 12 * config.n_embd ** 2 + config.vocab_size * config.n_embd
-
-
 def step_flops(config: GPTConfig, batch_size: int, recompute: str = "none",
                seq_len: int | None = None) -> int:
     """FLOPs of a forward and backward pass's matrix products: 6 per matrix parameter and
@@ -102,7 +98,7 @@ def step_flops(config: GPTConfig, batch_size: int, recompute: str = "none",
     _check(recompute=recompute)
     B, T, C, L = batch_size, seq_len or config.block_size, config.n_embd, config.n_layer
     core = 4 * B * T * T * C  # one forward of scores and weights @ v, every head
-    flops = 6 * matmul_params(config) * B * T + 3 * L * core
+    flops = flops_per_token(config, T) * B * T  # the model FLOPs (lib_dist.train.utilisation)
     if recompute == "selective":
         flops += L * core
     elif recompute == "full":
@@ -181,4 +177,4 @@ def _check(stage: int = 0, recompute: str = "none") -> None:
 
 
 __all__ = ["Plan", "RECOMPUTE", "STAGES", "activation_bytes", "best", "block_params",
-           "layer_activation_bytes", "matmul_params", "plans", "price", "step_flops"]
+           "layer_activation_bytes", "plans", "price", "step_flops"]
