@@ -38,9 +38,9 @@ def loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
                                              tokens[:, 1:].reshape(-1))
 
 
-def fsdp_training(comm, base: GPT, steps: int):
+def fsdp_training(comm, base: GPT, steps: int, prefetch: bool = False):
     model = copy.deepcopy(base)
-    sharded = FSDP(model, comm, units=list(model.blocks))
+    sharded = FSDP(model, comm, units=list(model.blocks), prefetch=prefetch)
     optimizer = torch.optim.AdamW(sharded.parameters(), **ADAMW)
     for step in range(steps):
         optimizer.zero_grad()

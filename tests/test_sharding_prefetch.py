@@ -14,25 +14,14 @@ import torch
 from lib_dist.comm import SimulatedWorld
 from lib_dist.sharding import FSDP
 
-from test_sharding_fsdp import ADAMW, CONFIG, batch, gpt, loss, one_process
-
-
-def trained(comm, base, steps: int, prefetch: bool):
-    model = copy.deepcopy(base)
-    sharded = FSDP(model, comm, units=list(model.blocks), prefetch=prefetch)
-    optimizer = torch.optim.AdamW(sharded.parameters(), **ADAMW)
-    for step in range(steps):
-        optimizer.zero_grad()
-        loss(sharded, batch(step, comm.rank)).backward()
-        optimizer.step()
-    return sharded.full_state_dict()
+from test_sharding_fsdp import CONFIG, batch, fsdp_training, gpt, loss, one_process
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_prefetching_fsdp_trains_the_gpt_as_one_process_does(n):
     base = gpt()
     want = dict(one_process(base, n, 3).named_parameters(remove_duplicate=False))
-    for got in SimulatedWorld(n).run(trained, base, 3, True):
+    for got in SimulatedWorld(n).run(fsdp_training, base, 3, True):
         for name, p in want.items():
             # float64, as the test without prefetch: the same sums, the same order
             torch.testing.assert_close(got[name], p.detach(), rtol=0, atol=1e-12, msg=name)
