@@ -111,7 +111,8 @@ def test_a_generator_left_at_the_replayed_state_moves_later_draws():
 
 
 def test_saving_the_output_too_keeps_more_than_the_input():
-    ns = variant("q1-solution", ("        ctx.save_for_backward(*inputs)\n        with torch.no_grad():\n"
+    ns = variant("q1-solution", ("        ctx.save_for_backward(*inputs)\n"
+                                 "        with torch.no_grad():\n"
                                  "            return fn(*inputs)\n",
                                  "        with torch.no_grad():\n            out = fn(*inputs)\n"
                                  "        ctx.save_for_backward(*inputs, out)\n"
@@ -176,10 +177,7 @@ def test_an_fsdp_that_keeps_each_gathered_unit_fails_the_memory_only():
 
 
 def test_an_fsdp_that_gathers_again_for_every_saved_tensor_fails_the_traffic_only():
-    ns = variant("q3-solution", ("        if self.regathered is None:\n            with torch.no_grad():\n"
-                                 "                self.regathered = ",
-                                 "        if True:\n            with torch.no_grad():\n"
-                                 "                self.regathered = "))
+    ns = variant("q3-solution", ("        if self.regathered is None:\n", "        if True:\n"))
     ns["check_fsdp"](3)
     with pytest.raises(AssertionError, match=r"FSDP on 2 ranks, .*step 0, rank 0: backward called "
                                              r"\{.*'all_gather': 7.*\}; it should "
