@@ -30,3 +30,14 @@ def answer_source(lab: str, grade_id: str) -> str:
     nb = nbformat.read(REPO / "solutions" / lab / f"{lab}.ipynb", as_version=4)
     return next(MARKERS.sub("", c.source) for c in nb.cells
                 if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def answer_variant(lab: str, namespace: dict, grade_id: str, *changes: tuple[str, str]) -> dict:
+    """`namespace` (a lab's checks') with the solution's answer in `grade_id`, each (old, new)
+    of `changes` replaced (every occurrence), run in it as a student's cell would be."""
+    source = answer_source(lab, grade_id)
+    for old, new in changes:
+        assert old in source, f"{grade_id} no longer contains {old!r}"
+        source = source.replace(old, new)
+    exec(source, namespace)  # noqa: S102 - the variant, as a student would write it
+    return namespace

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab_solutions import answer_source, solution
+from lab_solutions import answer_variant, solution
 
 from grader.demo import TYPICAL_BUGS
 
@@ -37,15 +37,8 @@ def lab_checks():
 
 
 def variant(grade_id: str, *changes: tuple[str, str]):
-    """The checks' namespace with the solution's answer in `grade_id`, each (old, new) of
-    `changes` replaced (every occurrence), run in it as a student's cell would be."""
-    ns = lab_checks()
-    source = answer_source(LAB, grade_id)
-    for old, new in changes:
-        assert old in source, f"{grade_id} no longer contains {old!r}"
-        source = source.replace(old, new)
-    exec(source, ns)  # noqa: S102 - the variant, as a student would write it
-    return ns
+    """The checks' namespace with the solution's answer in `grade_id` changed by `changes`."""
+    return answer_variant(LAB, lab_checks(), grade_id, *changes)
 
 
 def q1_passes(ns):
