@@ -13,41 +13,50 @@ zero-padded to the largest for the collectives and trimmed after.
 from __future__ import annotations
 
 import math
-from typing import Any
+from functools import partial
 
 import torch
 
 from ..comm import Communicator
+from ..comm.autograd import Transposed
 from .layout import Layout
 
 
-class GatherSequence(torch.autograd.Function):
-    """forward: every rank's (B, heads, tokens, width) block, concatenated by rank;
-    backward: this rank's block of the summed gradient (reduce-scatter)."""
+def all_gather_sequence(x: torch.Tensor, comm: Communicator, sizes: list[int]) -> torch.Tensor:
+    """Every rank's (..., its `sizes[rank]` tokens, width) block, concatenated by rank along
+    the sequence (dim -2)."""
+    pieces = comm.all_gather(_padded(x, max(sizes)))
+    return torch.cat([p[..., :size, :] for p, size in zip(pieces, sizes)], dim=-2)
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Communicator, sizes: list[int]
-                ) -> torch.Tensor:
-        ctx.comm, ctx.sizes = comm, sizes
-        padded = _padded(x, max(sizes))
-        pieces = comm.all_gather(padded)
-        return torch.cat([p[..., :size, :] for p, size in zip(pieces, sizes)], dim=-2)
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        comm, sizes = ctx.comm, ctx.sizes
-        longest = max(sizes)
-        stacked = torch.stack([_padded(g, longest) for g in grad.split(sizes, dim=-2)])
-        mine = comm.reduce_scatter(stacked.contiguous(), op="sum")  # rank r's block, summed
-        shape = (*grad.shape[:-2], longest, grad.shape[-1])
-        return mine.view(shape)[..., :sizes[comm.rank], :], None, None
+def reduce_scatter_sequence(x: torch.Tensor, comm: Communicator, sizes: list[int]
+                            ) -> torch.Tensor:
+    """The sum over the ranks of (..., all tokens, width) `x`, this rank's `sizes[rank]` tokens
+    of it: `all_gather_sequence`'s transpose."""
+    longest = max(sizes)
+    stacked = torch.stack([_padded(p, longest) for p in x.split(sizes, dim=-2)])
+    mine = comm.reduce_scatter(stacked.contiguous(), op="sum")  # rank r's block, summed
+    shape = (*x.shape[:-2], longest, x.shape[-1])
+    return mine.view(shape)[..., :sizes[comm.rank], :]
+
+
+def gather_sequence(x: torch.Tensor, comm: Communicator, sizes: list[int]) -> torch.Tensor:
+    """`all_gather_sequence`, differentiable: its backward is the reduce-scatter."""
+    return Transposed.apply(x, partial(all_gather_sequence, comm=comm, sizes=sizes),
+                            partial(reduce_scatter_sequence, comm=comm, sizes=sizes))
+
+
+def scatter_sequence(x: torch.Tensor, comm: Communicator, sizes: list[int]) -> torch.Tensor:
+    """`reduce_scatter_sequence`, differentiable: its backward is the all-gather."""
+    return Transposed.apply(x, partial(reduce_scatter_sequence, comm=comm, sizes=sizes),
+                            partial(all_gather_sequence, comm=comm, sizes=sizes))
 
 
 def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Communicator,
                        layout: Layout) -> torch.Tensor:
     """`ring_attention`'s result, by all-gathering K and V (one collective) first."""
     sizes = layout.sizes()
-    kv = GatherSequence.apply(torch.cat([k, v], dim=-1).contiguous(), comm, sizes)
+    kv = gather_sequence(torch.cat([k, v], dim=-1).contiguous(), comm, sizes)
     keys, values = kv.split(q.shape[-1], dim=-1)
     everyone = torch.cat([layout.positions(r) for r in range(comm.world_size)]).to(q.device)
     allowed = layout.positions(comm.rank).to(q.device)[:, None] >= everyone[None, :]
@@ -62,4 +71,5 @@ def _padded(x: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([x, pad], dim=-2).contiguous()
 
 
-__all__ = ["GatherSequence", "gathered_attention"]
+__all__ = ["all_gather_sequence", "gather_sequence", "gathered_attention",
+           "reduce_scatter_sequence", "scatter_sequence"]

@@ -14,11 +14,12 @@ at once. It needs N to divide the number of heads; the ring does not.
 from __future__ import annotations
 
 import math
-from typing import Any
+from functools import partial
 
 import torch
 
 from ..comm import Communicator
+from ..comm.autograd import Transposed
 from .layout import Layout
 
 
@@ -38,34 +39,6 @@ def _to_tokens(x: torch.Tensor, comm: Communicator, sizes: list[int]) -> torch.T
     return torch.cat(comm.all_to_all(inputs, outputs), dim=1)
 
 
-class ToHeads(torch.autograd.Function):
-    """`_to_heads` forward; its inverse (the reverse all-to-all) backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Communicator, sizes: list[int]
-                ) -> torch.Tensor:
-        ctx.comm, ctx.sizes = comm, sizes
-        return _to_heads(x, comm, sizes)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return _to_tokens(grad, ctx.comm, ctx.sizes), None, None
-
-
-class ToTokens(torch.autograd.Function):
-    """`_to_tokens` forward; `_to_heads` backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Communicator, sizes: list[int]
-                ) -> torch.Tensor:
-        ctx.comm, ctx.sizes = comm, sizes
-        return _to_tokens(x, comm, sizes)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return _to_heads(grad, ctx.comm, ctx.sizes), None, None
-
-
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Communicator,
                       layout: Layout) -> torch.Tensor:
     """`ring_attention`'s result by two all-to-alls: heads split instead of the sequence."""
@@ -73,13 +46,14 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: C
         raise ValueError(f"Ulysses attention splits the {q.shape[1]} heads over "
                          f"{comm.world_size} ranks; choose a head count divisible by "
                          f"{comm.world_size}, or ring attention")
-    sizes = layout.sizes()
-    q, k, v = (ToHeads.apply(t, comm, sizes) for t in (q, k, v))
+    to_heads = partial(_to_heads, comm=comm, sizes=layout.sizes())
+    to_tokens = partial(_to_tokens, comm=comm, sizes=layout.sizes())
+    q, k, v = (Transposed.apply(t, to_heads, to_tokens) for t in (q, k, v))
     order = torch.cat([layout.positions(r) for r in range(comm.world_size)]).to(q.device)
     allowed = order[:, None] >= order[None, :]  # causal, by global position
     scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed,
                                                                           -math.inf)
-    return ToTokens.apply(torch.softmax(scores, dim=-1) @ v, comm, sizes)
+    return Transposed.apply(torch.softmax(scores, dim=-1) @ v, to_tokens, to_heads)
 
 
-__all__ = ["ToHeads", "ToTokens", "ulysses_attention"]
+__all__ = ["ulysses_attention"]

@@ -11,7 +11,7 @@
 - `load`: the bytes of each all-to-all and each rank's expert load, read from the trace.
 """
 
-from .exchange import Combine, Dispatch, combine, dispatch, exchange_rows
+from .exchange import combine, dispatch, exchange_rows
 from .load import all_to_all_bytes, expert_load, imbalance
 from .moe import MoE, combine_rows, feed_forward
 from .parallel import ExpertParallelMoE
@@ -19,7 +19,7 @@ from .routing import (Router, Routing, assignments, balance_loss, capacity, keep
                       kept_counts, load_balancing_loss)
 
 __all__ = [
-    "Combine", "Dispatch", "ExpertParallelMoE", "MoE", "Router", "Routing", "all_to_all_bytes",
+    "ExpertParallelMoE", "MoE", "Router", "Routing", "all_to_all_bytes",
     "assignments", "balance_loss", "capacity", "combine", "combine_rows", "dispatch",
     "exchange_rows", "expert_load", "feed_forward", "imbalance", "keep_in_order", "kept_counts",
     "load_balancing_loss",

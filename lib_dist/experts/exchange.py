@@ -17,11 +17,12 @@ every rank's loss must depend on the layer's output.
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
 
 import torch
 
 from ..comm import Communicator
+from ..comm.autograd import Transposed
 
 
 def exchange_rows(x: torch.Tensor, comm: Communicator, send: list[int],
@@ -36,43 +37,21 @@ def exchange_rows(x: torch.Tensor, comm: Communicator, send: list[int],
     return torch.cat(comm.all_to_all(inputs, outputs))
 
 
-class Dispatch(torch.autograd.Function):
-    """Tokens to their experts' ranks forward; their gradients home backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Communicator, send: list[int],
-                recv: list[int]) -> torch.Tensor:
-        ctx.comm, ctx.send, ctx.recv = comm, send, recv
-        return exchange_rows(x, comm, send, recv)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return exchange_rows(grad.contiguous(), ctx.comm, ctx.recv, ctx.send), None, None, None
-
-
-class Combine(torch.autograd.Function):
-    """Experts' outputs back to their tokens' ranks forward; their gradients to the experts
-    backward. The same exchange as `Dispatch`, named for what it carries."""
-
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, comm: Communicator, send: list[int],
-                recv: list[int]) -> torch.Tensor:
-        ctx.comm, ctx.send, ctx.recv = comm, send, recv
-        return exchange_rows(y, comm, send, recv)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return exchange_rows(grad.contiguous(), ctx.comm, ctx.recv, ctx.send), None, None, None
-
-
 def dispatch(x: torch.Tensor, comm: Communicator, send: list[int],
              recv: list[int]) -> torch.Tensor:
     """`send[d]` rows of x to rank d; the `recv[s]` rows from each rank s, in rank order."""
-    return Dispatch.apply(x, comm, send, recv)
+    return _exchanged(x, comm, send, recv)
 
 
 def combine(y: torch.Tensor, comm: Communicator, send: list[int],
             recv: list[int]) -> torch.Tensor:
     """As `dispatch`, for the experts' outputs on their way back (send: what dispatch received,
     recv: what it sent)."""
-    return Combine.apply(y, comm, send, recv)
+    return _exchanged(y, comm, send, recv)
+
+
+def _exchanged(x: torch.Tensor, comm: Communicator, send: list[int], recv: list[int]
+               ) -> torch.Tensor:
+    """`exchange_rows` forward; the same exchange reversed (send and recv swapped) backward."""
+    return Transposed.apply(x, partial(exchange_rows, comm=comm, send=send, recv=recv),
+                            partial(exchange_rows, comm=comm, send=recv, recv=send))

@@ -195,12 +195,12 @@ class FSDP(nn.Module):
             return packed
         index, offset, shape, stride = packed
         unit = self.units[index]
-        if unit.regathered is None and self.prefetcher is not None and index > 0:
+        first = unit.regathered is None
+        flat = unit.saved_again()
+        if first and self.prefetcher is not None and index > 0:
             # backward meets the units in reverse, the root (last in `units`) first
-            flat = unit.saved_again()
             self.prefetcher.start(self.units[index - 1])
-            return flat.as_strided(shape, stride, offset)
-        return unit.saved_again().as_strided(shape, stride, offset)
+        return flat.as_strided(shape, stride, offset)
 
 
 def _shard(module: nn.Module, comm: Communicator, skip: Iterable[nn.Module] = ()) -> Unit:

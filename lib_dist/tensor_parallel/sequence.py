@@ -24,49 +24,15 @@ drift apart.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..comm import Communicator
+from ..context_parallel.gathered import gather_sequence, scatter_sequence
 from ..models.gpt import Block, causal_attention
 from .blocks import ParallelAttention, ParallelMLP
-
-
-class GatherSequenceRegion(torch.autograd.Function):
-    """All-gather along the sequence (dim 1) forward; reduce-scatter along it backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Communicator) -> torch.Tensor:
-        ctx.comm = comm
-        return torch.cat(comm.all_gather(x.contiguous()), dim=1)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return reduce_scatter_sequence(grad, ctx.comm), None
-
-
-class ReduceScatterSequenceRegion(torch.autograd.Function):
-    """Reduce-scatter along the sequence forward; all-gather along it backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Communicator) -> torch.Tensor:
-        ctx.comm = comm
-        return reduce_scatter_sequence(x, comm)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return torch.cat(ctx.comm.all_gather(grad.contiguous()), dim=1), None
-
-
-def reduce_scatter_sequence(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
-    """The sum over the ranks of (B, T, C) `x`, this rank's T/t tokens of it: (B, T/t, C)."""
-    B, T, C = x.shape
-    # (B, T, C) -> (T, B, C): the communicator cuts the flattened tensor into equal chunks
-    mine = comm.reduce_scatter(x.transpose(0, 1).contiguous(), op="sum")
-    return mine.view(T // comm.world_size, B, C).transpose(0, 1)
 
 
 class SequenceParallelBlock(nn.Module):
@@ -85,10 +51,13 @@ class SequenceParallelBlock(nn.Module):
         return x + self._mlp(self._enter(self.ln2(x)))
 
     def _enter(self, x: torch.Tensor) -> torch.Tensor:
-        return GatherSequenceRegion.apply(x, self.comm)  # (B, T/t, C) -> (B, T, C)
+        # (B, T/t, C) -> (B, T, C); backward: the reduce-scatter (f's all-reduce, then a slice)
+        return gather_sequence(x, self.comm, [x.shape[1]] * self.comm.world_size)
 
     def _leave(self, partial: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = ReduceScatterSequenceRegion.apply(partial, self.comm)  # (B, T, C) -> (B, T/t, C)
+        # (B, T, C) -> (B, T/t, C); backward: the all-gather
+        pieces = [partial.shape[1] // self.comm.world_size] * self.comm.world_size
+        y = scatter_sequence(partial, self.comm, pieces)
         return y + bias if bias is not None else y
 
     def _attention(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,5 +95,4 @@ def shard_sequence(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
     return x.chunk(comm.world_size, dim=1)[comm.rank].contiguous()
 
 
-__all__ = ["GatherSequenceRegion", "ReduceScatterSequenceRegion", "SequenceParallelBlock",
-           "reduce_scatter_sequence", "shard_sequence"]
+__all__ = ["SequenceParallelBlock", "shard_sequence"]
