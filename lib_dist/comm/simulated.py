@@ -204,6 +204,8 @@ class SimulatedCommunicator(Communicator):
         self.world = world
         self._state = world._state  # of the run this rank belongs to
         self._vnow = 0.0
+        self.tag: tuple[int, ...] = ()  # the whole world's channels (`subgroup`'s have others)
+        self.groups_made = 0  # `subgroup` calls so far: every rank makes the same count
 
     def virtual_time(self) -> float | None:
         return self._vnow if self.world.clock is not None else None

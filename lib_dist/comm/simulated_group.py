@@ -21,20 +21,20 @@ if TYPE_CHECKING:
     from .simulated import SimulatedCommunicator
 
 
-def subgroup_of(comm: SimulatedCommunicator, ranks: list[int]) -> Communicator | None:
+def subgroup_of(comm: SimulatedCommunicator | SimulatedGroup, ranks: list[int]
+                ) -> Communicator | None:
     """`comm.subgroup(ranks)`: every rank calls it, so every rank counts the same groups and
     gives this one the same tag."""
     if list(ranks) != sorted(set(ranks)) or not ranks or not (
             0 <= ranks[0] and ranks[-1] < comm.world_size):
         raise ValueError(f"rank {comm.rank}: subgroup ranks must be distinct, in increasing "
                          f"order and among 0..{comm.world_size - 1}, got {list(ranks)}")
-    made = getattr(comm, "_groups_made", 0)
-    comm._groups_made = made + 1  # type: ignore[attr-defined]
-    tag = (*_tag(comm), made)
+    tag = (*comm.tag, comm.groups_made)
+    comm.groups_made += 1
     if comm.rank not in ranks:
         return None
-    members = [_world_rank(comm, r) for r in ranks]
-    return SimulatedGroup(comm, members, tag)
+    to_world = comm.members if isinstance(comm, SimulatedGroup) else list(range(comm.world_size))
+    return SimulatedGroup(comm, [to_world[r] for r in ranks], tag)
 
 
 class SimulatedGroup(Communicator):
@@ -49,9 +49,10 @@ class SimulatedGroup(Communicator):
             trace = state.traces.setdefault(tag, Trace())
         super().__init__(members.index(self.root.rank), len(members), "cpu", trace=trace)
         self.world, self.members, self.tag = world, members, tag
+        self.groups_made = 0
 
     def subgroup(self, ranks: list[int]) -> Communicator | None:
-        return subgroup_of(self, ranks)  # type: ignore[arg-type]
+        return subgroup_of(self, ranks)
 
     def virtual_time(self) -> float | None:
         return self.root.virtual_time()
@@ -73,15 +74,6 @@ class SimulatedGroup(Communicator):
 
     def world_barrier(self) -> None:
         SimHandle(self.root, self._post("barrier", -1)).wait()
-
-
-def _tag(comm: Communicator) -> tuple[int, ...]:
-    return getattr(comm, "tag", ())
-
-
-def _world_rank(comm: Communicator, rank: int) -> int:
-    members = getattr(comm, "members", None)
-    return members[rank] if members is not None else rank
 
 
 __all__ = ["SimulatedGroup", "subgroup_of"]
