@@ -19,11 +19,8 @@ all-to-all variant's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable, cast
 
 import torch
@@ -36,18 +33,10 @@ HEADS, HEAD_SIZE = 4, 16
 def peak_during(fn: Callable[[], Any]) -> int:
     """The most bytes the CPU allocator held at once during `fn()`, above what it held before
     (the main thread's allocations: what the profiler records)."""
-    from torch.profiler import ProfilerActivity, profile
+    from lib_dist.train.memory import cpu_allocations, profiled_events
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text())["traceEvents"]
-    changes = sorted((float(e["ts"]), int(e["args"]["Bytes"])) for e in events
-                     if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0)
     now = peak = 0
-    for _, change in changes:
+    for _, change in cpu_allocations(profiled_events(fn)):
         now += change
         peak = max(peak, now)
     return peak

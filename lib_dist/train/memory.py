@@ -30,7 +30,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,19 +216,12 @@ def measure_peak_memory(model: nn.Module, optimizer: torch.optim.Optimizer, x: t
                                   *(v for s in optimizer.state.values() for v in s.values()
                                     if isinstance(v, torch.Tensor))])}
     before = sum(held.values())
-    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU],
-                                            profile_memory=True) as prof:
-        step()
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "step.json"
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text())["traceEvents"]
+    events = profiled_events(step)
     spans = {e["name"]: (float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
              if e.get("name") in PHASES and e.get("ph") == "X"}
     start = spans[PHASES[0]][0]
-    changes = sorted((float(e["ts"]), int(e["args"]["Bytes"])) for e in events
-                     if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0
-                     and start <= float(e["ts"]) <= spans[PHASES[2]][1])
+    changes = [(ts, change) for ts, change in cpu_allocations(events)
+               if start <= ts <= spans[PHASES[2]][1]]
     timeline, now = [(0.0, before)], before
     for ts, change in changes:
         now += change
@@ -240,6 +233,24 @@ def measure_peak_memory(model: nn.Module, optimizer: torch.optim.Optimizer, x: t
     a, b = phases[phase]
     return PeakMemory(before, peak, phase, (when - a) / (b - a) if b > a else 0.0, timeline,
                       phases)
+
+
+def profiled_events(fn: Callable[[], Any]) -> list[dict]:
+    """Run `fn()` under `torch.profiler` with `profile_memory=True`: its Chrome-trace events."""
+    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU],
+                                            profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        return json.loads(trace.read_text())["traceEvents"]
+
+
+def cpu_allocations(events: list[dict]) -> list[tuple[float, int]]:
+    """The CPU allocator's changes among `events`, in time order: (microseconds, bytes + or -).
+    Only the calling thread's are recorded."""
+    return sorted((float(e["ts"]), int(e["args"]["Bytes"])) for e in events
+                  if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
