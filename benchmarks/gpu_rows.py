@@ -46,6 +46,18 @@ def batch(device: str, rows: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+def assert_adamw_close(got: dict[Any, torch.Tensor], want: dict[Any, torch.Tensor], steps: int,
+                       lr: float) -> int:
+    """Per-tensor AdamW against a flat or sharded one after `steps` steps: the same elementwise
+    arithmetic, at most a few roundings (moments, ratio, update) a step, each within eps of
+    |p| + lr. Returns how many tensors agree bit for bit."""
+    eps = torch.finfo(torch.float32).eps
+    for name, b in want.items():
+        assert ((got[name] - b).abs() <= steps * 4 * eps * (b.abs() + lr)).all(), (
+            f"parameter {name} differs")
+    return sum(torch.equal(got[name], b) for name, b in want.items())
+
+
 def needs_cluster(shared: dict) -> Any:
     if "cluster" not in shared:
         raise Skip("the 'cuda first' row did not start the cluster")

@@ -20,7 +20,7 @@ import cloudpickle
 import torch
 import torch.nn.functional as F
 
-from gpu_rows import batch, check, needs_cluster, small_gpt
+from gpu_rows import assert_adamw_close, batch, check, needs_cluster, small_gpt
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the engines cannot import this
 
@@ -65,29 +65,18 @@ def fsdp_steps(comm: Any) -> tuple[dict[str, torch.Tensor], ...]:
             plain_parameters(device))
 
 
-def assert_adamw_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> int:
-    """Per-tensor AdamW against a flat or sharded one: the same elementwise arithmetic, at most
-    a few roundings (moments, ratio, update) a step, each within eps of |p| + lr. Returns how
-    many tensors agree bit for bit."""
-    eps = torch.finfo(torch.float32).eps
-    for name, b in want.items():
-        a = got[name]
-        assert ((a - b).abs() <= STEPS * 4 * eps * (b.abs() + LR)).all(), f"{name} differs"
-    return sum(torch.equal(got[name], b) for name, b in want.items())
-
-
 @check("ZeRO-2", "Zero2Optimizer on the GPU rank: a plain AdamW's parameters")
 def zero2(args: argparse.Namespace, shared: dict) -> str:
     [(sharded, plain)] = needs_cluster(shared).run(zero2_steps)
-    same = assert_adamw_close(sharded, plain)
+    same = assert_adamw_close(sharded, plain, STEPS, LR)
     return f"{STEPS} steps: {len(plain)} parameters agree ({same} bit for bit)"
 
 
 @check("FSDP", "FSDP (prefetch) on the GPU rank: plain AdamW's and FSDP2's parameters")
 def fsdp(args: argparse.Namespace, shared: dict) -> str:
     [(ours, fsdp2, plain)] = needs_cluster(shared).run(fsdp_steps)
-    same_plain = assert_adamw_close(ours, plain)
-    same_fsdp2 = assert_adamw_close(ours, fsdp2)
+    same_plain = assert_adamw_close(ours, plain, STEPS, LR)
+    same_fsdp2 = assert_adamw_close(ours, fsdp2, STEPS, LR)
     return (f"{STEPS} steps: {len(plain)} parameters agree with plain AdamW ({same_plain} bit "
             f"for bit) and FSDP2 ({same_fsdp2})")
 
