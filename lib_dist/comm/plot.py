@@ -9,13 +9,20 @@
 forward and backward of micro-batch 3), coloured by its first letter; a receive the rank
 waited in is a thin grey bar under the row, so a bubble shows as idle time with the wait that
 caused it. The same trace exports to Chrome trace with `Trace.to_chrome_trace(clock=...)`.
+
+`plot_overlap(trace, clock)` draws a virtual-clock trace with the communication in a lane of
+its own under each rank's work: each message the rank sent, from the moment it could leave
+(its send and its receive both posted) to its arrival, as the clock prices it, and each
+collective the rank was in, as an outlined span. What overlaps shows as a message under a
+compute bar.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .trace import Trace
+from .clock import VirtualClock
+from .trace import P2P_KINDS, Trace
 
 COLORS = {"F": "tab:blue", "B": "tab:orange", "I": "tab:orange", "W": "tab:green"}
 OTHER = "tab:purple"
@@ -60,6 +67,54 @@ def plot_trace(trace: Trace, clock: str = "virtual", ax: Any = None, title: str 
     handles = [Patch(color=COLORS.get(k, OTHER), label=names.get(k, k)) for k in kinds]
     if waited:
         handles.append(Patch(color="0.7", label="waiting to receive"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    return ax
+
+
+def plot_overlap(trace: Trace, clock: VirtualClock, ax: Any = None, title: str = "",
+                 labels: bool = True) -> Any:
+    """A virtual-clock trace: per rank, its compute (upper lane) and its communication (lower
+    lane): the messages it sent in flight, and its collectives. Returns the matplotlib Axes."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ranks = sorted({e.rank for e in trace.events})
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 0.8 + 0.7 * len(ranks)))
+
+    def row(rank: int) -> int:
+        return len(ranks) - 1 - ranks.index(rank)  # the lowest rank on top
+
+    kinds: set[str] = set()
+    for e in trace.events:
+        start, end = e.times("virtual")
+        if e.kind == "compute":
+            color = COLORS.get(e.label[:1], OTHER)
+            kinds.add(e.label[:1])
+            ax.broken_barh([(start, end - start)], (row(e.rank) - 0.02, 0.4), facecolors=color,
+                           edgecolor="black", linewidth=0.5)
+            if labels and end > start:
+                ax.text((start + end) / 2, row(e.rank) + 0.18, e.label, ha="center",
+                        va="center", fontsize=7)
+        elif e.kind not in P2P_KINDS and e.kind != "barrier" and end > start:
+            ax.broken_barh([(start, end - start)], (row(e.rank) - 0.44, 0.36),
+                           facecolors="none", edgecolor="black", linewidth=0.8)
+            if labels:
+                ax.text((start + end) / 2, row(e.rank) - 0.26, e.kind, ha="center",
+                        va="center", fontsize=6)
+    for send, recv in trace.pairs():
+        leaves = max(send.times("virtual")[0], recv.times("virtual")[0] if recv else 0.0)
+        ax.broken_barh([(leaves, clock.message_cost(send.nbytes))],
+                       (row(send.rank) - 0.4, 0.28), facecolors="tab:red", alpha=0.35)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in reversed(ranks)])
+    ax.set_ylim(-0.6, len(ranks) - 0.5)
+    ax.set_xlabel("virtual time (units)")
+    names = {"F": "forward", "B": "backward", "A": "attention with a K/V block"}
+    handles = [Patch(color=COLORS.get(k, OTHER), label=names.get(k, k)) for k in sorted(kinds)]
+    handles.append(Patch(color="tab:red", alpha=0.35, label="message in flight (sent)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)

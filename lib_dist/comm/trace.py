@@ -130,14 +130,18 @@ class Trace:
 
     def messages(self) -> list[Message]:
         """Sends paired with their receives, in order of sending."""
+        return [Message(s.rank, s.peer, s.nbytes, s.start, max(s.end, r.end) if r else s.end)
+                for s, r in self.pairs()]
+
+    def pairs(self) -> list[tuple[Event, Event | None]]:
+        """Each send event with the receive that took it (None if none was traced), in order
+        of sending: the k-th send of a channel meets its k-th receive (FIFO)."""
         recvs = _receives_by_channel(self.events)
-        out = []
+        out: list[tuple[Event, Event | None]] = []
         for s in sorted(self.events, key=lambda e: (e.start, e.rank, e.seq)):
-            if s.kind != "send":
-                continue
-            queue = recvs[(s.rank, s.peer)]
-            end = max(s.end, queue.popleft().end) if queue else s.end
-            out.append(Message(s.rank, s.peer, s.nbytes, s.start, end))
+            if s.kind == "send":
+                queue = recvs[(s.rank, s.peer)]
+                out.append((s, queue.popleft() if queue else None))
         return out
 
     def summary(self) -> dict[int, RankTraffic]:

@@ -24,6 +24,11 @@ two runs of consecutive positions (contiguous or zig-zag), and so are a block's;
 runs is either hidden by the mask (skipped: no compute), fully visible (no mask needed), or on
 the diagonal (masked). Skipping is what makes causal attention cost half of full attention,
 and what the zig-zag layout spreads evenly.
+
+On a simulated world with a virtual clock (`lib_dist.comm.clock`), `pair_cost` prices each
+block's compute by the scores it computes (`block_scores`), so the timeline shows the next
+block's transfer beside the current block's work; `overlap=False` waits for the next block
+before computing, the schedule without overlap (`lib_dist.context_parallel.timeline`).
 """
 
 from __future__ import annotations
@@ -40,9 +45,12 @@ from .layout import Layout
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Communicator,
-                   layout: Layout) -> torch.Tensor:
+                   layout: Layout, *, pair_cost: float = 0.0, overlap: bool = True
+                   ) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence's keys and values,
-    each tensor (B, heads, this rank's tokens, head size) as `layout` deals the positions."""
+    each tensor (B, heads, this rank's tokens, head size) as `layout` deals the positions.
+    `pair_cost`: virtual time per (query, key) score of a block's compute (forward); `overlap`
+    False: receive the next block before computing this one, instead of during."""
     if layout.world_size != comm.world_size:
         raise ValueError(f"the layout splits the sequence over {layout.world_size} ranks; the "
                          f"communicator has {comm.world_size}")
@@ -52,7 +60,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: Comm
             raise ValueError(f"rank {comm.rank}: {name} has shape {tuple(t.shape)}; expected "
                              f"(B, heads, {expected}, head size): this rank's {expected} "
                              f"positions of the layout")
-    return RingAttention.apply(q, k, v, comm, layout)
+    return RingAttention.apply(q, k, v, comm, layout, pair_cost, overlap)
 
 
 class RingAttention(torch.autograd.Function):
@@ -61,7 +69,8 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                comm: Communicator, layout: Layout) -> torch.Tensor:
+                comm: Communicator, layout: Layout, pair_cost: float = 0.0,
+                overlap: bool = True) -> torch.Tensor:
         n, rank, d = comm.world_size, comm.rank, q.shape[-1]
         positions = [layout.positions(r).to(q.device) for r in range(n)]
         sizes = [len(p) for p in positions]
@@ -76,7 +85,10 @@ class RingAttention(torch.autograd.Function):
             if step < n - 1:  # the next block travels while this one is computed
                 incoming = block.new_empty(*block.shape[:2], sizes[(src - 1) % n], 2 * d)
                 handles = [comm.irecv(incoming, (rank - 1) % n), comm.isend(block, (rank + 1) % n)]
-            with comm.compute("attention block"):
+            if not overlap:
+                wait_all(handles)
+            cost = pair_cost * block_scores(positions[rank], positions[src])
+            with comm.compute(f"A{src}", cost):  # attention with the block of rank src
                 k_s, v_s = block.split(d, dim=-1)
                 for qs, ks, allowed in visible_pairs(positions[rank], positions[src]):
                     m[qs], total[qs], acc[qs] = _fold(q[qs], k_s[ks], v_s[ks], allowed, scale,
@@ -120,7 +132,7 @@ class RingAttention(torch.autograd.Function):
             wait_all([comm.irecv(incoming, (rank - 1) % n), comm.isend(sent, (rank + 1) % n)])
             block = incoming if not last else torch.cat([k, v, incoming], dim=-1)
         _, _, dk, dv = block.split(d, dim=-1)
-        return dq, dk.contiguous(), dv.contiguous(), None, None
+        return dq, dk.contiguous(), dv.contiguous(), None, None, None, None
 
 
 Rows = tuple[Any, ...]  # an index of a (B, heads, tokens, width) tensor's token rows
@@ -138,6 +150,13 @@ def visible_pairs(q_pos: torch.Tensor, k_pos: torch.Tensor
                 continue  # every query precedes every key
             allowed = None if qp[0] >= kp[-1] else qp[:, None] >= kp[None, :]
             yield (..., slice(qa, qb), slice(None)), (..., slice(ka, kb), slice(None)), allowed
+
+
+def block_scores(q_pos: torch.Tensor, k_pos: torch.Tensor) -> int:
+    """How many (query, key) scores a rank holding `q_pos` computes against a block holding
+    `k_pos`: the rectangles of `visible_pairs` (a diagonal one whole, masked after)."""
+    return sum((qs[1].stop - qs[1].start) * (ks[1].stop - ks[1].start)
+               for qs, ks, _ in visible_pairs(q_pos, k_pos))
 
 
 def _runs(positions: torch.Tensor) -> list[tuple[int, int]]:
@@ -161,4 +180,4 @@ def _fold(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tens
     return new_m, total * rescale + p.sum(-1, keepdim=True), acc * rescale + p @ v
 
 
-__all__ = ["RingAttention", "ring_attention"]
+__all__ = ["RingAttention", "block_scores", "ring_attention"]
