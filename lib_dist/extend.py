@@ -135,7 +135,9 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   FSDP (the lab gives `shard_module`, `Unit`'s views and binding, `FSDP`'s hooks, saved-tensor
   packing and `full_state_dict`; students write `Gathered`, all-gather forward and
   reduce-scatter backward, `Unit`'s shard and `saved_again`, `FSDP.gather` and
-  `FSDP.release`). lib_dist's versions are in `lib_dist.recompute` and `lib_dist.sharding`
+  `FSDP.release`), with its prefetch (`FSDP(..., prefetch=True)`: students write
+  `Prefetcher`'s `start`, `settle` and `take` on `comm.all_gather_async`, and `next_unit(fsdp,
+  unit, backward)`, the order of the units in each pass). lib_dist's versions are in `lib_dist.recompute` and `lib_dist.sharding`
   and are switched off while the lab is graded; `torch.utils.checkpoint`, lib_dist's
   `TorchCheckpointed`, torch's FSDP2 (`fully_shard`) and `torch_fully_sharded`, which the tests
   compare with, refuse to run inside the student's code. `benchmarks/fsdp.py` times lib_dist's
@@ -272,7 +274,7 @@ LABS: dict[str, Lab] = {
         engines=True, preload=("torch._dynamo",)),
     "lab09_fitting_the_model": Lab(
         ("Recompute", "checkpoint", "Checkpointed", "Zero2Optimizer", "Gathered", "Unit",
-         "shard_module", "FSDP"),
+         "shard_module", "FSDP", "Prefetcher", "next_unit"),
         ("lib_dist.recompute:Recompute.forward", "lib_dist.recompute:Recompute.backward",
          "lib_dist.recompute:checkpoint", "lib_dist.recompute:Checkpointed.forward",
          "lib_dist.recompute:checkpoint_blocks", "lib_dist.recompute:replayed",
@@ -285,7 +287,9 @@ LABS: dict[str, Lab] = {
          *(f"lib_dist.sharding.fsdp:FSDP.{method}" for method in (
              "__init__", "forward", "full_state_dict", "_gather", "_release", "_pack",
              "_unpack")),
-         "lib_dist.sharding.fsdp:_shard"),
+         "lib_dist.sharding.fsdp:_shard", "lib_dist.sharding.fsdp:FSDP._before",
+         *(f"lib_dist.sharding.prefetch:Prefetcher.{method}" for method in (
+             "start", "settle", "take", "clear"))),
         oracles=("torch.utils.checkpoint:checkpoint", "lib_dist.recompute:TorchCheckpointed",
                  "torch.distributed.fsdp:fully_shard",
                  "lib_dist.sharding.fsdp:torch_fully_sharded"),

@@ -7,7 +7,9 @@ reduces everything in `step` has no reduce-scatter during backward and holds eve
 gradient, one that never frees the full gradients holds them (memory only); an FSDP that
 keeps each gathered unit after its forward holds it (memory only), one that gathers again for
 each saved tensor calls too many all-gathers in backward (traffic only), and one whose
-gradient reduce-scatter sums gets every gradient N times too large.
+gradient reduce-scatter sums gets every gradient N times too large; a prefetch that, in
+backward, fetches the units in forward's order gathers each of them twice (traffic and order
+only), and a prefetcher that gathers at once posts nothing ahead (the order only).
 
 They run the lab's own checks, loaded from solutions/ with `definitions`, on the instructor's
 solution and on variants of it, on simulated ranks (`grader check` runs the whole notebook,
@@ -27,8 +29,9 @@ LAB = "lab09_fitting_the_model"
 # Not check_on_cluster: it runs on the notebook's `cluster`, which loading it would start.
 CHECKS = ("check_gradients", "check_two_inputs", "check_saved", "check_runs", "check_zero2",
           "check_overlap", "check_zero2_memory", "check_fsdp", "check_fsdp_traffic",
-          "check_fsdp_memory", "Recompute", "checkpoint", "Checkpointed", "Zero2Optimizer",
-          "Gathered", "Unit", "shard_module", "FSDP")
+          "check_fsdp_memory", "check_prefetch_order", "Recompute", "checkpoint",
+          "Checkpointed", "Zero2Optimizer", "Gathered", "Unit", "shard_module", "FSDP",
+          "Prefetcher", "next_unit")
 
 
 def lab_checks():
@@ -60,6 +63,11 @@ def q3_passes(ns, but=()):
             ns[check](3)
 
 
+def q4_passes(ns):
+    ns["check_fsdp"](3, prefetch=True)
+    ns["check_prefetch_order"](2)
+
+
 def test_the_solution_passes_every_check():
     ns = lab_checks()
     q1_passes(ns)
@@ -74,6 +82,9 @@ def test_the_solution_passes_every_check():
     ns["check_fsdp"](4, n_in=1, width=1, hidden=1, depth=1, n_out=1, tied=())  # tiny units
     ns["check_fsdp_traffic"](4, depth=4, tied=(0, 3), seed=1)
     ns["check_fsdp_memory"](2, depth=4, width=8, hidden=11, seed=5)
+    for n, depth in ((1, 2), (2, 1), (4, 3)):
+        ns["check_fsdp"](n, depth=depth, seed=n, prefetch=True)
+        ns["check_prefetch_order"](n, depth=depth, tied=(), seed=n)
 
 
 def test_the_typical_bug_draws_another_dropout_mask_and_costs_the_gradients_only():
@@ -189,3 +200,26 @@ def test_an_fsdp_whose_gradient_reduce_scatter_sums_is_n_times_too_large():
                                              r"shards\) differs from the expected one"):
         ns["check_fsdp"](2)
     q2_passes(ns)
+
+
+def test_a_prefetch_in_forwards_order_during_backward_fails_the_order_only():
+    ns = variant("q4-solution", ("    order += list(reversed(fsdp.inner)) if backward else "
+                                 "list(fsdp.inner)\n", "    order += list(fsdp.inner)\n"))
+    ns["check_fsdp"](3, prefetch=True)  # the values are right: the unit is gathered anyway
+    with pytest.raises(AssertionError, match=r"FSDP\(prefetch=True\) on 2 ranks, .*step 0, rank "
+                                             r"0: backward called \{.*'all_gather': 7.*\}"):
+        ns["check_prefetch_order"](2)
+    q3_passes(ns)
+
+
+def test_a_prefetcher_that_gathers_at_once_posts_nothing_ahead():
+    ns = variant("q4-solution", ("        self.handle = unit.comm.all_gather_async(unit.shard.detach()"
+                                 ".contiguous())\n",
+                                 "        self.flat = torch.cat(unit.comm.all_gather(unit.shard."
+                                 "detach().contiguous()))\n"))
+    ns["check_fsdp"](3, prefetch=True)
+    with pytest.raises(AssertionError, match=r"FSDP\(prefetch=True\) on 2 ranks, Net\(\), seed 0: "
+                                             r"rank 0: all-gathers posted before each block's "
+                                             r"forward computed: \[0, 0, 0\]; expected \[2, 3, 3\]"):
+        ns["check_prefetch_order"](2)
+    q3_passes(ns)
