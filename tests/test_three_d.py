@@ -1,0 +1,81 @@
+"""3D parallelism (lib_dist.three_d) on a simulated world of 8 ranks: module 02's GPT trained
+with data, pipeline and tensor parallelism at once has one process's loss curve, in float64 to
+round-off, for every layout of 8 ranks the issue names; each kind of collective stays in its
+own group (tensor-parallel all-reduces in tp, stage messages in pp, gradient all-reduces in
+dp); layouts the model cannot take are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lib_dist.comm import SimulatedWorld
+from lib_dist.models.gpt import GPTConfig
+from lib_dist.pipeline import gpt_layers, next_token_loss
+from lib_dist.three_d import Layout, ThreeD, three_d_step
+
+CONFIG = GPTConfig(vocab_size=11, block_size=6, n_layer=2, n_head=4, n_embd=8)
+STEPS, LR, BATCH = 4, 0.1, 8
+EPS64 = torch.finfo(torch.float64).eps
+
+
+def batches(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step `step`'s global batch: two batches in turn, so that the loss falls."""
+    generator = torch.Generator().manual_seed(100 + step % 2)
+    tokens = torch.randint(CONFIG.vocab_size, (BATCH, CONFIG.block_size + 1), generator=generator)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def one_process() -> list[float]:
+    model = nn.Sequential(*gpt_layers(CONFIG, seed=0)).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    losses = []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        x, y = batches(step)
+        loss = next_token_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def three_d_training(comm, layout: Layout, m: int):
+    three_d = ThreeD(comm, layout, CONFIG, seed=0, dtype=torch.float64)
+    optimizer = torch.optim.SGD(three_d.parameters(), lr=LR, momentum=0.9)
+    losses = [three_d_step(three_d, optimizer, *batches(step), m) for step in range(STEPS)]
+    kinds = {name: sorted({e.kind for e in three_d.mesh[name].trace.events})
+             for name in ("dp", "pp", "tp")}
+    dp = three_d.mesh["dp"]
+    dp_all_reduces = sum(e.kind == "all_reduce" for e in dp.trace.of_rank(dp.rank))
+    return losses, kinds, (dp_all_reduces, len(three_d.parameters()))
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (4, 1, 2), (2, 4, 1), (1, 2, 4), (8, 1, 1)])
+def test_a_3d_parallel_gpt_has_one_process_loss_curve(shape):
+    layout = Layout(*shape)
+    m = min(2, BATCH // layout.dp)
+    want = one_process()
+    results = SimulatedWorld(8, timeout=60).run(three_d_training, layout, m)
+    for rank, (losses, kinds, (dp_all_reduces, params)) in enumerate(results):
+        # float64: each loss a sum over at most a few thousand products of O(1) numbers
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=0,
+                                   atol=1e4 * EPS64, msg=f"{layout}, rank {rank}")
+        if layout.tp > 1:
+            assert "all_reduce" in kinds["tp"], kinds  # the blocks' f and g
+        if layout.pp > 1:
+            assert {"send", "recv"} & set(kinds["pp"]) or "isend" in kinds["pp"], kinds
+        # in dp, one all-reduce per gradient a step, and the loss's
+        assert dp_all_reduces == STEPS * (params + 1), (dp_all_reduces, params)
+    assert want[2] < want[0] and want[3] < want[1]  # it trains
+
+
+def test_layouts_the_model_cannot_take_are_refused():
+    def build(comm, layout):
+        ThreeD(comm, layout, CONFIG)
+
+    with pytest.raises(Exception, match=r"tp=8 does not divide the 4 heads"):
+        SimulatedWorld(8).run(build, Layout(1, 1, 8))
+    with pytest.raises(Exception, match=r"pp=8 stages for 4 layers"):
+        SimulatedWorld(8).run(build, Layout(1, 8, 1))
