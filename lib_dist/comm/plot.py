@@ -74,16 +74,23 @@ def plot_trace(trace: Trace, clock: str = "virtual", ax: Any = None, title: str 
     return ax
 
 
+SHORT = {"all_to_all": "a2a", "all_to_all_check": "check", "all_gather": "gather",
+         "reduce_scatter": "r-s", "all_reduce": "a-r", "broadcast": "bcast"}
+
+
 def plot_overlap(trace: Trace, clock: VirtualClock, ax: Any = None, title: str = "",
                  labels: bool = True) -> Any:
     """A virtual-clock trace: per rank, its compute (upper lane) and its communication (lower
-    lane): the messages it sent in flight, and its collectives. Returns the matplotlib Axes."""
+    lane): the messages it sent in flight, and its collectives (outlined, named short: "a2a"
+    an all-to-all, "check" the agreement check before it). Returns the matplotlib Axes."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     ranks = sorted({e.rank for e in trace.events})
     if ax is None:
         _, ax = plt.subplots(figsize=(11, 0.8 + 0.7 * len(ranks)))
+    spans = [e.times("virtual") for e in trace.events]
+    wide = 0.025 * (max(b for _, b in spans) - min(a for a, _ in spans))  # wide enough to name
 
     def row(rank: int) -> int:
         return len(ranks) - 1 - ranks.index(rank)  # the lowest rank on top
@@ -91,30 +98,32 @@ def plot_overlap(trace: Trace, clock: VirtualClock, ax: Any = None, title: str =
     kinds: set[str] = set()
     for e in trace.events:
         start, end = e.times("virtual")
+        if end <= start or e.kind in P2P_KINDS or e.kind == "barrier":
+            continue
         if e.kind == "compute":
-            color = COLORS.get(e.label[:1], OTHER)
             kinds.add(e.label[:1])
-            ax.broken_barh([(start, end - start)], (row(e.rank) - 0.02, 0.4), facecolors=color,
-                           edgecolor="black", linewidth=0.5)
-            if labels and end > start:
-                ax.text((start + end) / 2, row(e.rank) + 0.18, e.label, ha="center",
-                        va="center", fontsize=7)
-        elif e.kind not in P2P_KINDS and e.kind != "barrier" and end > start:
+            ax.broken_barh([(start, end - start)], (row(e.rank) - 0.02, 0.4),
+                           facecolors=COLORS.get(e.label[:1], OTHER), edgecolor="black",
+                           linewidth=0.5)
+            name, height = e.label, row(e.rank) + 0.18
+        else:
             ax.broken_barh([(start, end - start)], (row(e.rank) - 0.44, 0.36),
                            facecolors="none", edgecolor="black", linewidth=0.8)
-            if labels:
-                ax.text((start + end) / 2, row(e.rank) - 0.26, e.kind, ha="center",
-                        va="center", fontsize=6)
+            name, height = SHORT.get(e.kind, e.kind), row(e.rank) - 0.26
+        if labels and end - start >= wide:
+            ax.text((start + end) / 2, height, name, ha="center", va="center", fontsize=7)
     for send, recv in trace.pairs():
         leaves = max(send.times("virtual")[0], recv.times("virtual")[0] if recv else 0.0)
         ax.broken_barh([(leaves, clock.message_cost(send.nbytes))],
-                       (row(send.rank) - 0.4, 0.28), facecolors="tab:red", alpha=0.35)
+                       (row(send.rank) - 0.4, 0.28), facecolors="tab:red", alpha=0.4)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in reversed(ranks)])
     ax.set_ylim(-0.6, len(ranks) - 0.5)
     ax.set_xlabel("virtual time (units)")
     names = {"F": "forward", "B": "backward", "A": "attention with a K/V block"}
-    handles = [Patch(color=COLORS.get(k, OTHER), label=names.get(k, k)) for k in sorted(kinds)]
-    handles.append(Patch(color="tab:red", alpha=0.35, label="message in flight (sent)"))
+    handles = [Patch(color=COLORS.get(k, OTHER), label=names.get(k, k))
+               for k in sorted(kinds, key=lambda k: ("FBIW".find(k) % 5, k))]
+    handles.append(Patch(color="tab:red", alpha=0.4, label="message in flight (sent)"))
+    handles.append(Patch(facecolor="none", edgecolor="black", label="in a collective"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
