@@ -6,7 +6,8 @@ group, whose blocks all-reduce inside the `tp` group, then averages the gradient
 group. Each kind of collective stays inside its own group.
 
 - `model`: `ThreeD`, this rank's piece of module 02's GPT for a layout;
-- `step`: `three_d_step`, one training step; `global_loss`, the step's loss on every rank.
+- `step`: `three_d_step`, one training step; `global_loss`, the step's loss on every rank;
+- `planner`: every layout of a cluster priced in memory and time per step, fastest first.
 """
 
 from .model import Layout, ThreeD
