@@ -132,7 +132,8 @@ class RingAttention(torch.autograd.Function):
             wait_all([comm.irecv(incoming, (rank - 1) % n), comm.isend(sent, (rank + 1) % n)])
             block = incoming if not last else torch.cat([k, v, incoming], dim=-1)
         _, _, dk, dv = block.split(d, dim=-1)
-        return dq, dk.contiguous(), dv.contiguous(), None, None, None, None
+        nothing = (None,) * (len(ctx.needs_input_grad) - 3)  # comm, layout, and the pricing
+        return (dq, dk.contiguous(), dv.contiguous(), *nothing)
 
 
 Rows = tuple[Any, ...]  # an index of a (B, heads, tokens, width) tensor's token rows
