@@ -232,6 +232,40 @@ class Checkpointed(nn.Module):
             return self.block(x)
         return checkpoint(self.block, x)
 '''),
+    "lab10_long_sequences": ("q1-solution-ring", '''def fold(q, k, v, allowed, scale, m, total, acc):
+    scores = q @ k.transpose(-2, -1) * scale
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, -math.inf)
+    new_m = torch.maximum(m, scores.amax(-1, keepdim=True))
+    safe = new_m.masked_fill(torch.isinf(new_m), 0.0)
+    p = torch.exp(scores - safe)
+    rescale = torch.exp(m - safe)
+    return new_m, total * rescale + p.sum(-1, keepdim=True), acc * rescale + p @ v
+
+
+def ring_forward(q, k, v, comm, seq_len):
+    n, rank, d = comm.world_size, comm.rank, q.shape[-1]
+    positions = [zigzag_positions(seq_len, n, r) for r in range(n)]
+    scale = 1.0 / math.sqrt(d)
+    m = q.new_full((*q.shape[:-1], 1), -math.inf)
+    total = q.new_zeros((*q.shape[:-1], 1))
+    acc = torch.zeros_like(q)
+    block = torch.cat([k, v], dim=-1).contiguous()
+    for step in range(n):
+        src = (rank - step) % n
+        with comm.compute("attention block"):
+            k_s, v_s = block.split(d, dim=-1)
+            for qs, ks, allowed in visible_pairs(positions[rank], positions[src]):
+                m[qs], total[qs], acc[qs] = fold(q[qs], k_s[ks], v_s[ks], allowed, scale,
+                                                 m[qs], total[qs], acc[qs])
+        if step < n - 1:  # the next block only once this one is done: nothing overlaps
+            incoming = block.new_empty(*block.shape[:2], len(positions[(src - 1) % n]), 2 * d)
+            for handle in [comm.irecv(incoming, (rank - 1) % n),
+                           comm.isend(block, (rank + 1) % n)]:
+                handle.wait()
+            block = incoming
+    return acc / total, m + total.log()
+'''),
 }
 
 
