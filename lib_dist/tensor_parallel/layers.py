@@ -34,8 +34,14 @@ def shard(tensor: torch.Tensor, comm: Communicator, dim: int, parts: int = 1,
         sizes = f"{parts} blocks of {size // parts}" if parts > 1 else str(size)
         raise ValueError(f"{what}: {sizes} does not split evenly over {ranks} ranks; "
                          f"choose sizes divisible by the tensor-parallel size {ranks}")
+    return piece_of(tensor, comm.rank, ranks, dim, parts)
+
+
+def piece_of(tensor: torch.Tensor, rank: int, ranks: int, dim: int, parts: int = 1
+             ) -> torch.Tensor:
+    """Rank `rank`'s share of `tensor` among `ranks`, as `shard` cuts it (a copy)."""
     blocks = tensor.detach().chunk(parts, dim)
-    return torch.cat([b.chunk(ranks, dim)[comm.rank] for b in blocks], dim).clone()
+    return torch.cat([b.chunk(ranks, dim)[rank] for b in blocks], dim).clone()
 
 
 def unshard(shards: list[torch.Tensor], dim: int, parts: int = 1) -> torch.Tensor:

@@ -18,7 +18,7 @@ from torch import nn
 from ..comm.base import Communicator
 from ..comm.mesh import Mesh
 from ..models.gpt import Block, GPTConfig
-from ..pipeline import Stage, gpt_layers, next_token_loss, split_model
+from ..pipeline import Stage, balanced_bounds, gpt_layers, next_token_loss, parameter_count
 from ..tensor_parallel import ParallelBlock
 
 NAMES = ("dp", "pp", "tp")
@@ -47,13 +47,16 @@ class ThreeD:
     def __init__(self, comm: Communicator, layout: Layout, config: GPTConfig, *, seed: int = 0,
                  dtype: torch.dtype = torch.float32):
         check_fits(layout, config)
-        self.layout = layout
+        self.layout, self.config = layout, config
         self.mesh = Mesh(comm, (layout.dp, layout.pp, layout.tp), NAMES)
         pp, tp = self.mesh["pp"], self.mesh["tp"]
         layers = gpt_layers(config, seed)
-        stage = split_model(layers, layout.pp)[pp.rank]
+        # every stage's [first, last) layer, balanced by parameters as split_model does
+        self.bounds = balanced_bounds([parameter_count(layer) for layer in layers], layout.pp)
+        first, end = self.bounds[pp.rank]
         module = nn.Sequential(*(ParallelBlock(layer, tp) if isinstance(layer, Block) else layer
-                                 for layer in stage)).to(dtype)
+                                 for layer in layers[first:end])).to(dtype)
+        self.layers = module  # this rank's layers, model layers first..end - 1
         self.stage = Stage(module, pp, boundary_shape=(config.block_size, config.n_embd),
                            dtype=dtype, loss_fn=next_token_loss)
 

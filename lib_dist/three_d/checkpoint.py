@@ -1,0 +1,140 @@
+"""Checkpoints of a 3D-parallel run with `torch.distributed.checkpoint`, loadable on another
+layout.
+
+Saving after step n, into `step{n}/` of the run's folder: the ranks of dp replica 0 write
+their own shards, each (pp, tp) rank into its own DCP checkpoint (`pp{p}_tp{t}/`), as
+`layers.{i}.{name}` for layer i of the whole model, with the optimizer's state of each
+parameter beside it (`.../{state name}`); the other replicas hold the same numbers. Once
+every shard is written, rank 0 writes the layout and the stages' bounds (`layout.json`): a
+checkpoint without it is incomplete (a rank died while saving) and `latest` passes it over.
+
+Loading, on any layout of the same model: each rank finds, for each of its parameters, the old
+stage that held its layer, reads that layer's shards from every old tp rank, puts the full
+tensor back together (`unshard`) and cuts its own share for the new tp (`piece_of`). A tensor
+that tensor parallelism keeps whole (LayerNorms, a row-parallel bias, a step count) is read
+from old tp rank 0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, piece_of, unshard
+from .model import Layout, ThreeD
+
+Split = tuple[int, int] | None  # (dim, parts) a parameter is cut along by tp, or None: whole
+
+
+def split_of(layer: nn.Module) -> dict[str, Split]:
+    """How tensor parallelism cuts each of `layer`'s parameters, by name."""
+    out: dict[str, Split] = {}
+    for prefix, module in layer.named_modules():
+        for name, _ in module.named_parameters(recurse=False):
+            split: Split = None
+            if isinstance(module, ColumnParallelLinear):
+                split = (0, module.parts)
+            elif isinstance(module, RowParallelLinear) and name == "weight":
+                split = (1, 1)
+            out[f"{prefix}.{name}".lstrip(".")] = split
+    return out
+
+
+def shards(three_d: ThreeD) -> dict[str, tuple[nn.Parameter, Split]]:
+    """This rank's parameters under their names in the whole model, with their split."""
+    first = three_d.bounds[three_d.mesh["pp"].rank][0]
+    out = {}
+    for i, layer in enumerate(three_d.layers):
+        splits = split_of(layer)
+        for name, p in layer.named_parameters():
+            out[f"layers.{first + i}.{name}"] = (p, splits[name])
+    return out
+
+
+def save(three_d: ThreeD, optimizer: torch.optim.Optimizer, step: int, run: Path) -> Path:
+    """Write the run's state after `step` steps into `run`/step{step} (every rank calls it)."""
+    mesh = three_d.mesh
+    directory = Path(run) / f"step{step}"
+    if mesh["dp"].rank == 0:
+        state: dict[str, torch.Tensor] = {"step": torch.tensor(step)}
+        for key, (p, _) in shards(three_d).items():
+            state[key] = p.detach()
+            for name, value in optimizer.state.get(p, {}).items():
+                state[f"{key}/{name}"] = value
+        dcp.save(state, checkpoint_id=shard_folder(directory, mesh["pp"].rank, mesh["tp"].rank),
+                 no_dist=True)
+    mesh.comm.barrier()  # every shard is on disk
+    if mesh.comm.rank == 0:  # the checkpoint is complete
+        layout = vars(three_d.layout) | {"bounds": three_d.bounds}
+        (directory / "layout.json").write_text(json.dumps(layout))
+    mesh.comm.barrier()
+    return directory
+
+
+def latest(run: Path) -> Path | None:
+    """The run's last complete checkpoint, or None."""
+    done = [d for d in Path(run).glob("step*") if (d / "layout.json").exists()]
+    return max(done, key=lambda d: int(d.name.removeprefix("step")), default=None)
+
+
+def shard_folder(directory: Path, pp: int, tp: int) -> Path:
+    return Path(directory) / f"pp{pp}_tp{tp}"
+
+
+def load(three_d: ThreeD, optimizer: torch.optim.Optimizer, directory: Path) -> int:
+    """Load the checkpoint in `directory` (`save`'s), saved on any layout of this model, into
+    this rank's parameters and `optimizer`'s state; returns the steps it was saved after."""
+    saved = json.loads((Path(directory) / "layout.json").read_text())
+    old = Layout(saved["dp"], saved["pp"], saved["tp"])
+    tp = three_d.mesh["tp"]
+    for key, (p, split) in shards(three_d).items():
+        layer = int(key.split(".")[1])
+        stage = next(s for s, (a, b) in enumerate(saved["bounds"]) if a <= layer < b)
+        pieces = _read_shards(directory, stage, old.tp if split else 1, key)
+        for name, full in _whole(pieces, split).items():
+            mine = full if split is None or full.dim() == 0 else piece_of(
+                full, tp.rank, tp.world_size, *split)
+            if name == "":
+                with torch.no_grad():
+                    p.copy_(mine)
+            else:
+                optimizer.state[p][name] = mine
+    return int(_read(shard_folder(directory, 0, 0), ["step"])["step"])
+
+
+def _read_shards(directory: Path, stage: int, ranks: int, key: str
+                 ) -> list[dict[str, torch.Tensor]]:
+    """Parameter `key` and its optimizer state ("" and each state name) from each old tp
+    rank of `stage`."""
+    out = []
+    for t in range(ranks):
+        folder = shard_folder(directory, stage, t)
+        names = [k for k in _keys(folder) if k == key or k.startswith(key + "/")]
+        out.append({k.removeprefix(key).removeprefix("/"): v
+                    for k, v in _read(folder, names).items()})
+    return out
+
+
+def _whole(pieces: list[dict[str, torch.Tensor]], split: Split) -> dict[str, torch.Tensor]:
+    """Each tensor put back together from the old tp ranks' shards (scalars: rank 0's)."""
+    if split is None:
+        return pieces[0]
+    return {name: t if t.dim() == 0 else unshard([p[name] for p in pieces], *split)
+            for name, t in pieces[0].items()}
+
+
+def _keys(folder: Path) -> list[str]:
+    return list(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+
+
+def _read(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors `names` of the DCP checkpoint in `folder`."""
+    meta = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    state = {k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype)  # type: ignore
+             for k in names}
+    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    return state
