@@ -142,6 +142,26 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   `TorchCheckpointed`, torch's FSDP2 (`fully_shard`) and `torch_fully_sharded`, which the tests
   compare with, refuse to run inside the student's code. `benchmarks/fsdp.py` times lib_dist's
   FSDP against FSDP2.
+- lab10_long_sequences, on `comm.isend`/`irecv`, `comm.all_to_all`, `comm.all_gather`,
+  `comm.reduce_scatter` and `comm.all_reduce`: `zigzag_positions(seq_len, world_size, rank)`,
+  the zig-zag split's positions (chunks r and 2N - 1 - r of 2N); `fold(q, k, v, allowed,
+  scale, m, total, acc)`, one K/V block folded into the running maximum, sum and weighted
+  values of the online softmax; `ring_forward(q, k, v, comm, seq_len) -> (out, lse)`, causal
+  ring attention, each step's K/V exchange posted before its compute (the lab gives
+  `visible_pairs`, `RingAttention` with its backward and `ring_attention`); `exchange_rows(x,
+  comm, send, recv)` and `Exchange(torch.autograd.Function)`, expert parallelism's all-to-all
+  of rows and its reverse, and `ExpertParallelMoE`'s `splits(fits)`, dispatch and combine (the
+  lab gives the routing, the gathered counts and the experts' run); sequence parallelism's
+  `all_gather_sequence(x, comm)`, `reduce_scatter_sequence(x, comm)`, `GatherSequence`,
+  `ScatterSequence` and `SequenceParallelBlock`'s `enter`, `leave` and
+  `sync_replicated_gradients` (the lab gives the block on module 6's `ParallelAttention` and
+  `ParallelMLP`). lib_dist's versions are in `lib_dist.context_parallel`, `lib_dist.experts`
+  and `lib_dist.tensor_parallel.sequence` (with `lib_dist.comm.autograd.Transposed`, the
+  differentiable exchange they share) and are switched off while the lab is graded; torch's
+  `scaled_dot_product_attention`, module 6's `ParallelBlock` and one process's `MoE`, which the
+  tests compare with, refuse to run inside the student's code. `benchmarks/long_context.py`
+  times lib_dist's ring attention against all-gathered K/V and its MoE step against torch's
+  `all_to_all_single`.
 
 Reusing definitions
 -------------------
@@ -293,6 +313,31 @@ LABS: dict[str, Lab] = {
         oracles=("torch.utils.checkpoint:checkpoint", "lib_dist.recompute:TorchCheckpointed",
                  "torch.distributed.fsdp:fully_shard",
                  "lib_dist.sharding.fsdp:torch_fully_sharded"),
+        engines=True, preload=("torch._dynamo",)),
+    "lab10_long_sequences": Lab(
+        ("zigzag_positions", "visible_pairs", "RingAttention", "ring_attention", "fold",
+         "ring_forward", "exchange_rows", "Exchange", "ExpertParallelMoE",
+         "all_gather_sequence", "reduce_scatter_sequence", "GatherSequence", "ScatterSequence",
+         "SequenceParallelBlock"),
+        ("lib_dist.context_parallel.layout:Layout.positions",
+         "lib_dist.context_parallel.ring:ring_attention",
+         "lib_dist.context_parallel.ring:RingAttention.forward",
+         "lib_dist.context_parallel.ring:RingAttention.backward",
+         "lib_dist.context_parallel.ring:_fold",
+         *(f"lib_dist.context_parallel.gathered:{name}" for name in (
+             "all_gather_sequence", "reduce_scatter_sequence", "gather_sequence",
+             "scatter_sequence", "gathered_attention")),
+         "lib_dist.context_parallel.ulysses:ulysses_attention",
+         "lib_dist.comm.autograd:Transposed.forward", "lib_dist.comm.autograd:Transposed.backward",
+         *(f"lib_dist.experts.exchange:{name}" for name in (
+             "exchange_rows", "dispatch", "combine", "_exchanged")),
+         *(f"lib_dist.experts.parallel:ExpertParallelMoE.{method}" for method in (
+             "__init__", "forward", "_gather", "_run_experts")),
+         *(f"lib_dist.tensor_parallel.sequence:SequenceParallelBlock.{method}" for method in (
+             "__init__", "forward", "_enter", "_leave", "_attention", "_mlp",
+             "sync_replicated_gradients"))),
+        oracles=("torch.nn.functional:scaled_dot_product_attention",
+                 "lib_dist.tensor_parallel:ParallelBlock", "lib_dist.experts.moe:MoE"),
         engines=True, preload=("torch._dynamo",)),
 }
 
