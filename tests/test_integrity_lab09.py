@@ -1,9 +1,9 @@
 """Lab 9 cannot be passed with lib_dist's recomputation and sharding or with the oracles: a
-submission that imports lib_dist's answers, and one whose `checkpoint` is
-`torch.utils.checkpoint` (what the tests compare recomputation with), graded for real in the
-sandbox, score 0 on the questions they take that way and keep the points of what they wrote,
-while the solution keeps full marks and the untouched release scores 0 (see
-tests/test_integrity.py for labs 01-03)."""
+submission that imports lib_dist's answers (all of them, or only FSDP's prefetcher), and one
+whose `checkpoint` is `torch.utils.checkpoint` (what the tests compare recomputation with),
+graded for real in the sandbox, score 0 on the questions they take that way and keep the
+points of what they wrote, while the solution keeps full marks and the untouched release scores
+0 (see tests/test_integrity.py for labs 01-03)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ USES_TORCH_CHECKPOINT = Q1.replace(APPLY, (
     "    from torch.utils.checkpoint import checkpoint as torch_checkpoint\n"
     "    return torch_checkpoint(fn, *inputs, use_reentrant=False)\n"))
 Q1_TESTS = {"q1-test-gradients", "q1-test-memory", "q1-test-recompute"}
+# The solution's next_unit, kept; Prefetcher is lib_dist's.
+Q4 = answer_source(LAB09, "q4-solution")
+NEXT_UNIT = Q4[Q4.index("def next_unit"):]
 
 LAB09_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
     "imports_lib_dist": ({
@@ -32,6 +35,9 @@ LAB09_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
         "q3-solution": "from lib_dist.sharding.fsdp import FSDP, Gathered, Unit\n"
                        "from lib_dist.sharding.fsdp import _shard as shard_module\n"},
         "all"),
+    "imports_the_prefetcher": ({
+        "q4-solution": "from lib_dist.sharding.prefetch import Prefetcher\n" + NEXT_UNIT},
+        {"q4-test-values", "q4-test-order"}),
     "uses_torch_checkpoint": ({"q1-solution": USES_TORCH_CHECKPOINT}, Q1_TESTS),
 } | catalog(LAB09)
 
@@ -55,6 +61,9 @@ def test_lab09_cheats_score_zero(lab09, student):
             f"{asks} Zero2Optimizer yourself: yours is lib_dist.sharding.zero2.Zero2Optimizer, "
             "lib_dist's own",
             f"{asks} FSDP yourself: yours is lib_dist.sharding.fsdp.FSDP, lib_dist's own"],
+        # FSDP's own code builds the Prefetcher: lib_dist's methods refuse when it calls them
+        "imports_the_prefetcher": [f"{asks} this yourself: lib_dist.sharding.prefetch."
+                                   "Prefetcher.clear is lib_dist's own version"],
         "uses_torch_checkpoint": ["torch.utils.checkpoint.checkpoint is what the tests compare "
                                   "with, so your code may not use it"],
     }[student]
