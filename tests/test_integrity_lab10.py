@@ -22,7 +22,7 @@ RING = answer_source(LAB10, "q1-solution-ring")
 assert RING.count(RETURN) == 1, "q1-solution-ring's return changed"
 USES_SDPA = RING.replace(RETURN, (
     "    out = acc / total\n"
-    "    torch.nn.functional.scaled_dot_product_attention(q, k, v)  # compared with torch's\n"
+    "    torch.nn.functional.scaled_dot_product_attention(q, k, v)  # against torch's\n"
     "    return out, m + total.log()\n"))
 RING_TESTS = {"q1-test-values", "q1-test-gradients", "q1-test-traffic", "q1-test-cluster"}
 TESTS = RING_TESTS | {"q2-test-exchange", "q2-test-values", "q2-test-traffic", "q3-test-values",
@@ -35,8 +35,9 @@ LAB10_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
         "q2-solution": "from lib_dist.experts import ExpertParallelMoE\n"
                        "from lib_dist.experts.exchange import exchange_rows\n",
         "q3-solution": "from lib_dist.tensor_parallel.sequence import SequenceParallelBlock\n"
-                       "from lib_dist.context_parallel.gathered import (all_gather_sequence,\n"
-                       "                                                reduce_scatter_sequence)\n"},
+                       "from lib_dist.context_parallel import gathered\n"
+                       "all_gather_sequence = gathered.all_gather_sequence\n"
+                       "reduce_scatter_sequence = gathered.reduce_scatter_sequence\n"},
         TESTS),
     "uses_scaled_dot_product_attention": ({"q1-solution-ring": USES_SDPA}, RING_TESTS),
 } | catalog(LAB10)

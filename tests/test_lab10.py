@@ -144,7 +144,8 @@ def test_a_contiguous_split_loses_the_layouts_point_only():
 
 def test_an_all_to_all_by_hand_written_messages_shows_no_all_to_all():
     ns = variant("q2-solution", ("    return torch.cat(comm.all_to_all(inputs, outputs))\n", (
-        "    handles = [comm.isend(inputs[d], d) for d in range(comm.world_size) if d != comm.rank]\n"
+        "    handles = [comm.isend(inputs[d], d) for d in range(comm.world_size)\n"
+        "               if d != comm.rank]\n"
         "    handles += [comm.irecv(outputs[s], s) for s in range(comm.world_size)\n"
         "                if s != comm.rank]\n"
         "    outputs[comm.rank].copy_(inputs[comm.rank])\n"
