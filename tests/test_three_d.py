@@ -20,20 +20,21 @@ STEPS, LR, BATCH = 4, 0.1, 8
 EPS64 = torch.finfo(torch.float64).eps
 
 
-def batches(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step `step`'s global batch: two batches in turn, so that the loss falls."""
-    generator = torch.Generator().manual_seed(100 + step % 2)
+def batches(step: int, cycle: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step `step`'s global batch: `cycle` batches in turn, so that the loss falls."""
+    generator = torch.Generator().manual_seed(100 + step % cycle)
     tokens = torch.randint(CONFIG.vocab_size, (BATCH, CONFIG.block_size + 1), generator=generator)
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def one_process() -> list[float]:
+def one_process(steps: int = STEPS, cycle: int = 2) -> list[float]:
+    """The losses of `steps` SGD steps of the whole GPT in one process, in float64."""
     model = nn.Sequential(*gpt_layers(CONFIG, seed=0)).double()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         optimizer.zero_grad()
-        x, y = batches(step)
+        x, y = batches(step, cycle)
         loss = next_token_loss(model(x), y)
         loss.backward()
         optimizer.step()

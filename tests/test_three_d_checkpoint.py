@@ -9,37 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from lib_dist.comm import SimulatedWorld
 from lib_dist.errors import RankFailure
-from lib_dist.models.gpt import GPTConfig
-from lib_dist.pipeline import gpt_layers, next_token_loss
 from lib_dist.three_d import Layout, ThreeD, three_d_step
 from lib_dist.three_d.checkpoint import latest, load, save
 
-CONFIG = GPTConfig(vocab_size=11, block_size=6, n_layer=2, n_head=4, n_embd=8)
-STEPS, LR, BATCH, EVERY, VICTIM, DIES_AT = 6, 0.1, 8, 2, 5, 5
+from test_three_d import CONFIG, LR, batches, one_process
+
+STEPS, BATCHES, EVERY, VICTIM, DIES_AT = 6, 3, 2, 5, 5
 EPS64 = torch.finfo(torch.float64).eps
-
-
-def batches(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(100 + step % 3)
-    tokens = torch.randint(CONFIG.vocab_size, (BATCH, CONFIG.block_size + 1), generator=generator)
-    return tokens[:, :-1], tokens[:, 1:]
-
-
-def one_process() -> list[float]:
-    model = nn.Sequential(*gpt_layers(CONFIG, seed=0)).double()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    losses = []
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        loss = next_token_loss(model(batches(step)[0]), batches(step)[1])
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
 
 
 def train(comm, layout: Layout, run, resume: bool, dies_at: int | None):
@@ -52,7 +31,7 @@ def train(comm, layout: Layout, run, resume: bool, dies_at: int | None):
     for step in range(start, STEPS):
         if step == dies_at and comm.rank == VICTIM:
             raise RuntimeError("this rank's engine was killed")
-        losses[step] = three_d_step(three_d, optimizer, *batches(step), m=1)
+        losses[step] = three_d_step(three_d, optimizer, *batches(step, BATCHES), m=1)
         if (step + 1) % EVERY == 0:
             save(three_d, optimizer, step + 1, run)
     return losses
@@ -60,7 +39,7 @@ def train(comm, layout: Layout, run, resume: bool, dies_at: int | None):
 
 @pytest.mark.parametrize("after", [(2, 2, 2), (4, 1, 2), (1, 2, 4)])
 def test_a_run_that_loses_a_rank_resumes_from_its_checkpoint_on_any_layout(after, tmp_path):
-    want = one_process()
+    want = one_process(STEPS, BATCHES)
     with pytest.raises(RankFailure) as failed:
         SimulatedWorld(8, timeout=20).run(train, Layout(2, 2, 2), tmp_path, False, DIES_AT)
     assert failed.value.ranks == [VICTIM], failed.value  # the rank that died, named

@@ -18,6 +18,9 @@ from old tp rank 0.
 from __future__ import annotations
 
 import json
+import warnings
+from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -65,8 +68,9 @@ def save(three_d: ThreeD, optimizer: torch.optim.Optimizer, step: int, run: Path
             state[key] = p.detach()
             for name, value in optimizer.state.get(p, {}).items():
                 state[f"{key}/{name}"] = value
-        dcp.save(state, checkpoint_id=shard_folder(directory, mesh["pp"].rank, mesh["tp"].rank),
-                 no_dist=True)
+        with alone():
+            dcp.save(state, checkpoint_id=shard_folder(directory, mesh["pp"].rank,
+                                                       mesh["tp"].rank), no_dist=True)
     mesh.comm.barrier()  # every shard is on disk
     if mesh.comm.rank == 0:  # the checkpoint is complete
         layout = vars(three_d.layout) | {"bounds": three_d.bounds}
@@ -136,5 +140,15 @@ def _read(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
     meta = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
     state = {k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype)  # type: ignore
              for k in names}
-    dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+    with alone():
+        dcp.load(state, checkpoint_id=str(folder), no_dist=True)
     return state
+
+
+@contextmanager
+def alone() -> Iterator[None]:
+    """Each rank reads and writes its own checkpoints (`no_dist`), whatever process group
+    there is: DCP's warning that it assumes so is expected, not news."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
