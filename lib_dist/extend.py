@@ -167,6 +167,15 @@ Reusing definitions
 -------------------
 `definitions(notebook, *names)` (`lib_dist.definitions`) loads named definitions from a notebook
 without running the rest of it: a later lab reuses a student's earlier work this way.
+
+Students' answers as lib_dist's own
+-----------------------------------
+`lib_dist.registry.use_my_answers(labs folder)` loads a student's answers with `definitions` and
+makes them what lib_dist uses in that process: lab03's `ring_all_reduce` becomes
+`comm.all_reduce(t, op, algorithm="mine")`, lab04's `ShardSampler` and `DataParallel` replace
+`lib_dist.data_parallel`'s (`implementation(name)`); a missing one names the lab that writes it.
+`Lab.uses`: what a graded lab takes from the student's earlier labs under `autograde
+--own-answers` (by default, the reference).
 """
 
 from __future__ import annotations
@@ -193,6 +202,9 @@ class Lab:
     preload: modules imported ahead, once, for the kernel and that host to share, rather than
         by every engine on its own, e.g. `torch._dynamo`, which a first torch.optim step
         imports (over a CPU-second per process).
+    uses: earlier labs' answers (names in their `asks`) this lab's graded run takes from the
+        student's own submissions under `autograde --own-answers`: the judge registers them
+        (`lib_dist.registry`; a ring becomes `Communicator.all_reduce`'s default there).
     """
 
     asks: tuple[str, ...]
@@ -200,6 +212,7 @@ class Lab:
     oracles: tuple[str, ...] = ()
     engines: bool = False
     preload: tuple[str, ...] = ()
+    uses: tuple[str, ...] = ()
 
 
 _COLLECTIVES = ("broadcast", "all_gather", "reduce_scatter", "all_reduce")
@@ -237,7 +250,7 @@ LABS: dict[str, Lab] = {
         oracles=("torch.nn.parallel:DistributedDataParallel",
                  "torch.utils.data:DistributedSampler", "lib_dist.data_parallel:DataParallel",
                  "lib_dist.data_parallel:ShardSampler"),
-        engines=True, preload=("torch._dynamo",)),
+        engines=True, preload=("torch._dynamo",), uses=("ring_all_reduce",)),
     "lab05_pipeline": Lab(
         ("split_model", "send_forward", "recv_forward", "send_backward", "recv_backward",
          "gpipe_step", "one_f_one_b_step"),
@@ -280,7 +293,7 @@ LABS: dict[str, Lab] = {
         oracles=("torch.amp:GradScaler", "torch.amp.grad_scaler:GradScaler",
                  "torch:_amp_update_scale_", "torch:_amp_foreach_non_finite_check_and_unscale_",
                  "torch.distributed.optim:ZeroRedundancyOptimizer"),
-        engines=True, preload=("torch._dynamo",)),
+        engines=True, preload=("torch._dynamo",), uses=("ring_all_reduce",)),
     "lab08_parameter_server": Lab(
         ("serve", "work", "local_sgd", "gossip_step", "TopK"),
         (*(f"lib_dist.parameter_server:{name}" for name in (

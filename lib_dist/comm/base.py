@@ -44,6 +44,7 @@ import torch
 from .agreement import agree
 from .algorithms import gather_broadcast
 from .background import BackgroundHandle, start_after
+from .by_name import all_reduce_by_name, preferred_all_reduce
 from .errors import CommError
 from .point_to_point import Handle, PointToPoint, chunk_bounds, wait_all
 from .trace import Event, Trace
@@ -140,26 +141,30 @@ class Communicator(ABC):
                 self.recv(tensor, src)
         return tensor
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
-        """Reduce `tensor` over all ranks, in place on every rank; returns it. Every rank
-        sends its tensor to rank 0, which adds them up and sends the total back."""
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum",
+                   algorithm: str | None = None) -> torch.Tensor:
+        """Reduce `tensor` over all ranks, in place on every rank; returns it: every rank sends
+        it to rank 0, which adds and sends back the total, or as `algorithm` names (`by_name`)."""
         _check_op(op, tensor)
         self._check_tensor(tensor, "all_reduce")
+        if (name := algorithm or preferred_all_reduce()) is not None:
+            return all_reduce_by_name(self, name, tensor, op)
         with self._traced("all_reduce", nbytes=tensor.nbytes):
             gather_broadcast(self, tensor)
         if op == "avg":
             tensor /= self.world_size
         return tensor
 
-    def all_reduce_async(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> Handle:
-        """Start `all_reduce(tensor, op)` and return its `Handle` at once; `wait()` before
-        reading `tensor`. Started operations run in order on a thread of this rank's; until
-        all are waited for, call nothing else on this communicator (`lib_dist.comm.background`).
-        """
+    def all_reduce_async(self, tensor: torch.Tensor, op: ReduceOp = "sum",
+                         algorithm: str | None = None) -> Handle:
+        """Start `all_reduce(tensor, op, algorithm)` and return its `Handle` at once; `wait()`
+        before reading `tensor`. Started operations run in order on a thread of this rank's;
+        until all are waited for, call nothing else on this communicator (`background`)."""
         _check_op(op, tensor)
         self._check_tensor(tensor, "all_reduce_async")
+        named = {} if algorithm is None else {"algorithm": algorithm}  # as subclasses take it
         self._last_async = start_after(getattr(self, "_last_async", None),
-                                       lambda: self.all_reduce(tensor, op), "all_reduce")
+                                       lambda: self.all_reduce(tensor, op, **named), "all_reduce")
         return self._last_async
 
     def all_gather_async(self, tensor: torch.Tensor) -> BackgroundHandle:

@@ -64,7 +64,13 @@ class GroupCommunicator(Communicator):
             tensor, self.ranks[src], group=self.group))
         return tensor
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum",
+                   algorithm: str | None = None) -> torch.Tensor:
+        """torch.distributed's all-reduce over the group; `algorithm`: one of
+        `lib_dist.comm.algorithms.ALGORITHMS` or a registered one (`Communicator.all_reduce`),
+        run on the group's messages."""
+        if algorithm is not None:
+            return Communicator.all_reduce(self, tensor, op, algorithm=algorithm)
         _check_op(op, tensor)
         self._collective("all_reduce", tensor.nbytes,
                          lambda: dist.all_reduce(tensor, group=self.group))

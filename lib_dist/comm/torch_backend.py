@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .base import Communicator, Handle, ReduceOp, _check_op, chunk_bounds, wait_all
+from .by_name import all_reduce_by_name
 from .errors import CommError
 from .trace import Trace
 from .transport import AUTO, CHOICES, Lane, TunerModel, checked, connect, translated
@@ -127,11 +128,15 @@ class TorchCommunicator(Communicator):
         """Reduce `tensor` over all ranks, in place on every rank; returns it.
 
         `algorithm`: "auto" (the tuner's choice for this size, the default), "native"
-        (torch.distributed's), one of `lib_dist.comm.algorithms.ALGORITHMS`, or
-        "shared_memory" (ranks on one host only). Every rank must pass the same. The trace
-        records one "all_reduce" event, not its messages.
+        (torch.distributed's), one of `lib_dist.comm.algorithms.ALGORITHMS`,
+        "shared_memory" (ranks on one host only), or a student's registered in this process
+        (`lib_dist.registry.use_my_answers`: "mine", whose messages are traced). Every rank must
+        pass the same. The trace records one "all_reduce" event, not its messages.
         """
         _check_op(op, tensor)
+        if algorithm is not None and algorithm not in CHOICES:
+            self._check_tensor(tensor, "all_reduce")
+            return all_reduce_by_name(self, algorithm, tensor, op, CHOICES)
         name = checked(algorithm or self.all_reduce_algorithm, CHOICES, "all_reduce algorithm")
         self._collective("all_reduce", tensor.nbytes, self._all_reduce, tensor, name)
         if op == "avg":

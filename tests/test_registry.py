@@ -1,0 +1,141 @@
+"""lib_dist.registry: a student's answers, loaded from their lab
+notebooks (here the instructor's solutions, as a student who solved the labs holds them), become
+what lib_dist runs on: lab03's ring as `comm.all_reduce(..., algorithm="mine")`, lab04's
+ShardSampler and DataParallel as `lib_dist.data_parallel`'s. The ring is proved to have run by
+its trace: 2(N-1) messages per rank, each to the right neighbour, none through rank 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import lib_dist.data_parallel
+from lib_dist import registry
+from lib_dist.comm import SimulatedWorld
+from lib_dist.comm.algorithms import ALGORITHMS
+from lib_dist.extend import LABS
+from lib_dist.registry import MissingAnswer, forget, implementation, register, use_my_answers
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTIONS, RELEASE = REPO / "solutions", REPO / "labs"
+N = 4
+
+
+@pytest.fixture(autouse=True)
+def clean_registry():
+    forget()
+    yield
+    forget()
+
+
+def sends_by_rank(comm_trace, world_size):
+    return {r: [e.peer for e in comm_trace.events if e.rank == r and e.kind == "send"]
+            for r in range(world_size)}
+
+
+def reduced(comm, algorithm, op="sum"):
+    t = torch.arange(10, dtype=torch.float64) * (comm.rank + 1)
+    comm.all_reduce(t, op, algorithm=algorithm)
+    return t
+
+
+def test_the_students_ring_is_an_algorithm_of_all_reduce(tmp_path):
+    loaded = use_my_answers(SOLUTIONS, "ring_all_reduce")
+    assert loaded["ring_all_reduce"].__module__.startswith("notebook_")  # theirs, not lib_dist's
+    world = SimulatedWorld(N)
+    got = world.run(reduced, "mine", "avg")
+    want = torch.arange(10, dtype=torch.float64) * sum(range(1, N + 1)) / N
+    assert all(torch.allclose(t, want) for t in got)
+    sends = sends_by_rank(world.trace, N)
+    assert sends == {r: [(r + 1) % N] * 2 * (N - 1) for r in range(N)}  # a ring's messages
+    assert [e.kind for e in world.trace.events if e.rank == 0][-1] == "all_reduce"
+    # by its other name, and by default once preferred
+    world = SimulatedWorld(3)
+    world.run(reduced, "ring_all_reduce")
+    assert sends_by_rank(world.trace, 3) == {r: [(r + 1) % 3] * 4 for r in range(3)}
+    registry.prefer_all_reduce("mine")
+    world = SimulatedWorld(3)
+    world.run(reduced, None)
+    assert sends_by_rank(world.trace, 3) == {r: [(r + 1) % 3] * 4 for r in range(3)}
+
+
+def test_lib_dists_named_algorithms_and_an_unknown_one():
+    for name in ALGORITHMS:
+        world = SimulatedWorld(N)
+        got = world.run(reduced, name)
+        assert all(torch.equal(t, got[0]) for t in got), name
+        assert torch.allclose(got[0], torch.arange(10, dtype=torch.float64) * 10), name
+    world = SimulatedWorld(N)
+    world.run(reduced, "ring")
+    assert sends_by_rank(world.trace, N) == {r: [(r + 1) % N] * 2 * (N - 1) for r in range(N)}
+    default = SimulatedWorld(N)
+    default.run(reduced, None)  # gather-broadcast: everything through rank 0
+    assert sends_by_rank(default.trace, N)[0] == [1, 2, 3]
+    with pytest.raises(Exception) as failed:
+        SimulatedWorld(2).run(reduced, "ringg")
+    message = str(failed.value)
+    assert "unknown all-reduce algorithm 'ringg'" in message
+    assert all(name in message for name in ALGORITHMS)
+    assert "'mine' once lib_dist.registry.use_my_answers" in message
+    with pytest.raises(ValueError, match="one of lib_dist's own"):
+        registry.register_all_reduce("ring", lambda comm, t, op: t)
+
+
+def test_the_students_sampler_and_data_parallel_replace_lib_dists():
+    reference = lib_dist.data_parallel.DataParallel
+    use_my_answers([SOLUTIONS / "lab04_data_parallel" / "lab04_data_parallel.ipynb"],
+                   "ShardSampler", "DataParallel")
+    from lib_dist.data_parallel import DataParallel, ShardSampler  # as modules 07 and 09 do
+
+    assert DataParallel is implementation("DataParallel") is not reference
+    assert ShardSampler.__module__.startswith("notebook_")
+    assert [list(ShardSampler(10, 2, r, seed=1)) for r in (0, 1)] == [
+        list(torch.utils.data.DistributedSampler(range(10), 2, r, seed=1)) for r in (0, 1)]
+    base = torch.nn.Linear(3, 2).double()
+
+    def step(comm):
+        model = DataParallel(copy.deepcopy(base), comm)
+        x = torch.full((2, 3), float(comm.rank + 1), dtype=torch.float64)
+        model(x).sum().backward()
+        return model.module.weight.grad
+
+    grads = SimulatedWorld(2).run(step)
+    assert torch.allclose(grads[0], grads[1]) and torch.allclose(grads[0], torch.full(
+        (2, 3), 3.0, dtype=torch.float64))  # the mean of 2*1 and 2*2
+    forget()
+    assert lib_dist.data_parallel.DataParallel is reference
+    assert implementation("DataParallel") is reference
+
+
+def test_a_missing_answer_names_the_lab_and_notebook_that_writes_it(tmp_path):
+    with pytest.raises(MissingAnswer, match=r"ring_all_reduce is written in lab03_collectives "
+                                            r"\(lab03_collectives/lab03_collectives.ipynb\)"):
+        use_my_answers(tmp_path)
+    released = tmp_path / "labs"
+    shutil.copytree(RELEASE / "lab03_collectives", released / "lab03_collectives")
+    with pytest.raises(MissingAnswer) as unanswered:
+        use_my_answers(released, "ring_all_reduce")
+    assert "lab03_collectives" in str(unanswered.value)
+    assert "does not answer it yet" in str(unanswered.value)
+    # lab03 answered, lab04 not: nothing is registered, lib_dist is as it was
+    shutil.copytree(SOLUTIONS / "lab03_collectives", tmp_path / "mine" / "lab03_collectives")
+    with pytest.raises(MissingAnswer, match="ShardSampler is written in lab04_data_parallel"):
+        use_my_answers(tmp_path / "mine")
+    assert registry.registered_all_reduces() == []
+    with pytest.raises(MissingAnswer, match="no implementation of 'zigzag'"):
+        implementation("zigzag")
+
+
+def test_register_one_answer_and_the_labs_that_use_earlier_answers():
+    register("ShardSampler", dict)
+    assert implementation("ShardSampler") is dict
+    assert registry.lab_of("ring_all_reduce") == "lab03_collectives"
+    for lab, spec in LABS.items():
+        for name in spec.uses:
+            assert registry.lab_of(name) < lab, (lab, name)  # an earlier lab's answer
+    assert LABS["lab04_data_parallel"].uses == ("ring_all_reduce",)
