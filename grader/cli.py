@@ -3,6 +3,7 @@
     release [LAB ...]          labs/ from solutions/ (default: every lab)
     check                      labs/ is current, solutions pass, releases fail
     autograde SUBMISSIONS      grade <student>/<lab>.ipynb or <student>/<lab>/<lab>.ipynb
+                               (--own-answers: later labs on the student's earlier answers)
     feedback [LAB ...]         HTML feedback per student, hidden tests hidden
     report                     CSV of scores (student x lab), a figure, flagged similarity
     similarity [LAB ...]       answers nearly another student's or the reference (copydetect)
@@ -54,6 +55,7 @@ def _autograde(course: Course, args) -> int:
     from .grading import autograde, find_submissions
     from .pool import default_jobs
 
+    course.own_answers = args.own_answers
     subs, problems = find_submissions(course, args.submissions)
     for p in problems:
         print(f"skipped: {p}", file=sys.stderr)
@@ -131,6 +133,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--jobs", type=int, help="submissions graded at once, each in its own "
                    "sandbox (default: one per core, as many as memory holds at "
                    "--total-memory-mb each)")
+    c.add_argument("--own-answers", action="store_true",
+                   help="a later lab runs lib_dist on the student's own earlier answers where "
+                   "it uses them (lib_dist.extend.LABS' uses: lab04 and lab07 on lab03's "
+                   "ring_all_reduce), from the submitted/ folder; default: the reference, so "
+                   "that one wrong lab does not cost points twice")
     c.set_defaults(command=_autograde)
     c = sub.add_parser("feedback", help="HTML feedback per student")
     c.add_argument("labs", nargs="*")

@@ -45,6 +45,7 @@ class Course:
     cell_timeout: int = CELL_TIMEOUT
     sandbox: bool = True
     judged: bool = True  # False: the notebook's own run gives the verdicts (benchmarks only)
+    own_answers: bool = False  # True: later labs run on the student's earlier answers (Lab.uses)
     limits: Limits = Limits()
     course_id: str = "lib_dist"
     _api: NbGraderAPI | None = field(default=None, repr=False)
@@ -111,6 +112,7 @@ class Course:
         c.Execute.extra_arguments = ["--HistoryManager.hist_file=:memory:", "--log-level=ERROR"]
         c.GradedExecute.sandbox = self.sandbox
         c.GradedExecute.judged = self.judged
+        c.GradedExecute.own_answers = self.own_answers
         c.SandboxedKernelManager.hidden = sorted({str(self.root), str(REPO)})
         for name, value in asdict(self.limits).items():
             setattr(c.SandboxedKernelManager, name, value)

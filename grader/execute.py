@@ -55,6 +55,9 @@ class GradedExecute(Execute):
                                "the released notebook's order").tag(config=True)
     editions = Unicode("", help="where the judged editions of lib_dist are built "
                                 "(grader.edition)").tag(config=True)
+    own_answers = Bool(False, help="run lib_dist on the student's own submitted answers of the "
+                                   "earlier labs a lab uses (Lab.uses), not on its reference "
+                                   "(autograde --own-answers)").tag(config=True)
     judged = Bool(True, help="grade the labs lib_dist declares with the judge; False runs the "
                              "notebook in a kernel, as before the judge existed (for "
                              "benchmarks/grading_throughput.py's comparison only: its "
@@ -95,14 +98,14 @@ class GradedExecute(Execute):
                 path = [str(edition), *filter(None, [env.get("PYTHONPATH")])]
                 return with_engines_started(argv, lab), env | {"PYTHONPATH": ":".join(path)}
             return judge_notebook(nb, resources, lab, release, cwd, launch, self.timeout,
-                                  self._log)
+                                  self._log, own_answers=self.own_answers)
         sandbox = SandboxedKernelManager(parent=self, edition=str(edition))
         try:
             nb = judge_notebook(
                 nb, resources, lab, release, cwd,
                 lambda argv, env: sandbox.sandboxed(argv, cwd, env, lab), self.timeout,
                 self._log, lambda: "the sandbox's memory limit" if sandbox.memory_limit_hit()
-                else "")
+                else "", own_answers=self.own_answers)
         finally:
             sandbox.release()
         for cell in nb.cells:

@@ -7,7 +7,7 @@ with lib_dist's judged edition, `grader.edition`), hands it on standard input th
 own code cells, the lab's locked cells as the gradebook holds them (hidden tests included) in
 the release's order, a fresh key and nonce, and the number of a pipe, and reads the pipe:
 
-    A {"loaded": [...], "problems": {...}}   which answers were loaded
+    A {"loaded", "problems", "earlier"}      which answers were loaded (and earlier labs')
     B <index>                                 a cell starts (its timeout starts)
     O {"index", "text", "error", "changed"}   what it printed, raised, changed
     V <nonce>|<index>|<name>|pass|<hmac>      a graded cell's verdict, signed
@@ -72,17 +72,21 @@ class Judgement:
     results: dict[int, Result]
     loaded: list[str] = field(default_factory=list)
     problems: dict[str, str] = field(default_factory=dict)
+    earlier: list[str] = field(default_factory=list)  # "name (lab)": earlier answers used
 
 
 def judge(lab: str, answers: list[str], cells: list[Cell], cwd: Path, launch: Launcher,
           timeout: float, log: IO[bytes] | None = None,
-          died_why: Callable[[], str] = lambda: "") -> Judgement:
+          died_why: Callable[[], str] = lambda: "",
+          earlier: dict[str, dict[str, list[str]]] | None = None) -> Judgement:
     """Run `cells` in judges started by `launch` (see the module docstring); `died_why` says
-    why a judge that died did (the sandbox's memory limit, say)."""
+    why a judge that died did (the sandbox's memory limit, say); `earlier`: the student's
+    answers of earlier labs to run lib_dist on (`earlier_answers`, `autograde --own-answers`)."""
     found = Judgement({i: Result() for i in range(len(cells))})
     start = 0
     while start < len(cells):
-        reached = _run_once(lab, answers, cells, start, cwd, launch, timeout, log, found, died_why)
+        reached = _run_once(lab, answers, cells, start, cwd, launch, timeout, log, found, died_why,
+                            earlier or {})
         if reached is None:  # every cell ran
             break
         start = reached + 1
@@ -91,13 +95,14 @@ def judge(lab: str, answers: list[str], cells: list[Cell], cwd: Path, launch: La
 
 def _run_once(lab: str, answers: list[str], cells: list[Cell], start: int, cwd: Path,
               launch: Launcher, timeout: float, log: IO[bytes] | None, found: Judgement,
-              died_why: Callable[[], str]) -> int | None:
+              died_why: Callable[[], str], earlier: dict[str, dict[str, list[str]]]
+              ) -> int | None:
     """One judge, from cell `start`: None when it ran to the end, else the index of the cell
     at which it stopped (timed out or died), marked as such in `found`."""
     key, nonce = secrets.token_bytes(32), secrets.token_hex(8)
     read_end, write_end = os.pipe()
     job = {"lab": lab, "answers": answers, "start": start, "key": key.hex(), "nonce": nonce,
-           "channel": write_end, "cells": [vars(c) for c in cells]}
+           "channel": write_end, "cells": [vars(c) for c in cells], "earlier": earlier}
     argv, env = launch([sys.executable, "-m", "lib_dist.integrity.judge"], dict(os.environ))
     try:
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log or subprocess.DEVNULL,
@@ -156,6 +161,7 @@ class _Reader:
             if kind == "A":
                 said = json.loads(payload)
                 self.found.loaded, self.found.problems = said["loaded"], said["problems"]
+                self.found.earlier = [str(e) for e in said.get("earlier", [])]
             elif kind == "O":
                 said = json.loads(payload)
                 result = self.found.results[int(said["index"])]

@@ -11,12 +11,16 @@ student's own cells keep no outputs: they were not run, only the answers' defini
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import nbformat
 from nbformat.notebooknode import NotebookNode
 from nbgrader.api import Gradebook
+
+from lib_dist.extend import LABS
+from lib_dist.registry import lab_of
 
 from .judge import Cell, Judgement, Launcher, Result, judge
 
@@ -26,15 +30,18 @@ DISAGREES = ("[grader] the notebook you handed in shows this test passing; the g
 
 def judge_notebook(nb: NotebookNode, resources: dict[str, Any], lab: str, release: Path | None,
                    cwd: Path, launch: Launcher, timeout: float, log: IO[bytes] | None,
-                   died_why: Any = lambda: "") -> NotebookNode:
-    """Grade `nb` with the judge and put its results into the locked cells (module docstring)."""
+                   died_why: Any = lambda: "", own_answers: bool = False) -> NotebookNode:
+    """Grade `nb` with the judge and put its results into the locked cells (module docstring).
+    `own_answers`: lib_dist runs on the student's own answers of the earlier labs this lab
+    uses (`earlier_answers`), not on its reference."""
     sources = gradebook_cells(resources)
     cells = [Cell(name, *sources[name]) for name in release_order(release, nb, sources)]
     # where the answers come from: every code cell in the notebook's order, the locked ones
     # as the gradebook holds them (their imports and constants are what the answers build on)
     answers = [sources[_name(c)][0] if _name(c) in sources else c.source
                for c in nb.cells if c.cell_type == "code"]
-    found = judge(lab, answers, cells, cwd, launch, timeout, log, died_why)
+    earlier = earlier_answers(lab, _submitted(resources)) if own_answers else {}
+    found = judge(lab, answers, cells, cwd, launch, timeout, log, died_why, earlier)
     stored = stored_passes(_submitted(resources))
     by_name = {cell.name: (cell, found.results[i]) for i, cell in enumerate(cells)}
     for nb_cell in nb.cells:
@@ -42,8 +49,33 @@ def judge_notebook(nb: NotebookNode, resources: dict[str, Any], lab: str, releas
             cell, result = by_name[_name(nb_cell)]
             nb_cell.outputs = outputs_of(cell, result, _name(nb_cell) in stored)
             nb_cell.execution_count = None
-    _say_what_was_loaded(nb, found, set(sources))
+    not_submitted = [f"{name} ({lab_of(name)})" for name in LABS[lab].uses
+                     if own_answers and lab_of(name) not in earlier]
+    _say_what_was_loaded(nb, found, set(sources), not_submitted)
     return nb
+
+
+def earlier_answers(lab: str, submitted: Path | None) -> dict[str, dict[str, list[str]]]:
+    """What `autograde --own-answers` hands the judge: for each earlier lab whose answers
+    `lab` uses (`Lab.uses`), the names to take and the code cells of the student's notebook of
+    it in the course's submitted/ folder (`submitted` is this submission's notebook there).
+    A lab the student did not submit is left out: lib_dist's reference is used for it."""
+    wanted: dict[str, list[str]] = {}
+    for name in LABS[lab].uses:
+        wanted.setdefault(lab_of(name), []).append(name)
+    found: dict[str, dict[str, list[str]]] = {}
+    for earlier, names in wanted.items():
+        path = (submitted.parents[1] / earlier / f"{earlier}.ipynb"
+                if submitted is not None else None)
+        if path is None or not path.is_file():
+            continue
+        try:
+            notebook = nbformat.read(path, as_version=4)
+        except Exception:  # noqa: BLE001 - the student's file: as if not submitted
+            continue
+        found[earlier] = {"names": names, "cells": [c.source for c in notebook.cells
+                                                    if c.cell_type == "code"]}
+    return found
 
 
 def gradebook_cells(resources: dict[str, Any]) -> dict[str, tuple[str, bool]]:
@@ -102,7 +134,8 @@ def stored_passes(path: Path | None) -> set[str]:
             and not any(o.get("output_type") == "error" for o in c.outputs)}
 
 
-def _say_what_was_loaded(nb: NotebookNode, found: Judgement, locked: set[str]) -> None:
+def _say_what_was_loaded(nb: NotebookNode, found: Judgement, locked: set[str],
+                         not_submitted: Sequence[str] = ()) -> None:
     """One line, on the first locked cell, about the answers the judge loaded."""
     first = next((c for c in nb.cells if c.cell_type == "code" and _name(c) in locked), None)
     if first is None:
@@ -111,6 +144,12 @@ def _say_what_was_loaded(nb: NotebookNode, found: Judgement, locked: set[str]) -
             "against the definitions of " + (", ".join(found.loaded) or "none of its answers"))
     for name, problem in found.problems.items():
         text += f"\n[grader] {name} could not be loaded: {problem}"
+    if found.earlier:
+        text += ("\n[grader] graded on your own answers of earlier labs: "
+                 + ", ".join(found.earlier))
+    if not_submitted:
+        text += ("\n[grader] not submitted, so lib_dist's reference is used: "
+                 + ", ".join(not_submitted))
     first.outputs.insert(0, _stream(text + "\n"))
 
 

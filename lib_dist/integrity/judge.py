@@ -90,7 +90,9 @@ def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
         return strictly() + loosely()
 
     problems = _load_answers(answers, job["answers"], LABS[lab].asks, definitions_in, oracles)
-    report("A", json.dumps({"loaded": sorted(answers), "problems": problems}))
+    earlier = _use_earlier(job.get("earlier") or {}, problems, definitions_in, oracles)
+    report("A", json.dumps({"loaded": sorted(answers), "problems": problems,
+                            "earlier": earlier}))
     for index, cell in enumerate(cells):
         graded = bool(cell["graded"])
         if index < start and graded:
@@ -133,6 +135,35 @@ def _load_answers(into: dict[str, Any], cells: list[str], asks: tuple[str, ...],
     finally:
         oracles.leave()
     return problems
+
+
+def _use_earlier(earlier: dict[str, Any], problems: dict[str, str], definitions_in: Any,
+                 oracles: Any) -> list[str]:
+    """Register the student's answers of earlier labs (`Lab.uses`; the grader sends them only
+    under `autograde --own-answers`: lab -> {"names", "cells"}) in lib_dist's registry, so
+    that lib_dist runs on them here; an all-reduce becomes `Communicator.all_reduce`'s default.
+    Returns "name (lab)" for each registered; one that cannot be loaded is noted in `problems`
+    and lib_dist's reference is used instead."""
+    from .. import registry
+
+    used = []
+    oracles.enter("the earlier labs' answers' definitions")  # loading runs the student's code
+    try:
+        for lab, given in earlier.items():
+            for name in given["names"]:
+                try:
+                    value = definitions_in(given["cells"], name, source_name=f"your {lab}")[name]
+                except Exception as e:  # noqa: BLE001 - the student's code or a missing answer
+                    problems[f"{name} ({lab})"] = (f"{type(e).__name__}: {e}; lib_dist's "
+                                                   f"reference is used instead")
+                    continue
+                registry.register(name, value)
+                if name in registry.ALL_REDUCE_ANSWERS:
+                    registry.prefer_all_reduce(registry.MINE)
+                used.append(f"{name} ({lab})")
+    finally:
+        oracles.leave()
+    return used
 
 
 def _sealed(snap: Any) -> list[tuple[str, Any]]:
