@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import warnings
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
