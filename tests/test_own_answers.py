@@ -75,6 +75,10 @@ def test_own_answers_grades_a_later_lab_on_the_students_earlier_answer(tmp_path,
         k: v for k, v in reference_scores.items() if k not in Q3}
     said = _first_locked_output(course)
     assert "graded on your own answers of earlier labs: ring_all_reduce (lab03_collectives)" in said
+    nb = nbformat.read(course.autograded_notebook(LAB, "ada"), as_version=4)
+    errors = {c.metadata["nbgrader"]["grade_id"]: o.ename for c in nb.cells
+              if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"}
+    assert set(errors) == set(Q3) and "AssertionError" in errors.values(), errors  # wrong values
 
 
 def _first_locked_output(course) -> str:

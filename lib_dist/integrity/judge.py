@@ -157,13 +157,30 @@ def _use_earlier(earlier: dict[str, Any], problems: dict[str, str], definitions_
                     problems[f"{name} ({lab})"] = (f"{type(e).__name__}: {e}; lib_dist's "
                                                    f"reference is used instead")
                     continue
-                registry.register(name, value)
+                registry.register(name, _refusing_oracles(value, f"{name} ({lab})", oracles))
                 if name in registry.ALL_REDUCE_ANSWERS:
                     registry.prefer_all_reduce(registry.MINE)
                 used.append(f"{name} ({lab})")
     finally:
         oracles.leave()
     return used
+
+
+def _refusing_oracles(value: Any, label: str, oracles: Any) -> Any:
+    """A function of the student's that runs as an answer does: the lab's oracles refuse to
+    be used while it runs (on its thread). Classes are registered as they are."""
+    if not isinstance(value, types.FunctionType):
+        return value
+    enter, leave = oracles.enter, oracles.leave
+
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        enter(label)
+        try:
+            return value(*args, **kwargs)
+        finally:
+            leave()
+
+    return answer
 
 
 def _sealed(snap: Any) -> list[tuple[str, Any]]:
