@@ -77,6 +77,19 @@ def ring_all_reduce(comm: Communicator, n: int) -> torch.Tensor:
     return x
 
 
+def registered_ring(comm: Communicator, n: int) -> torch.Tensor:
+    """`data(rank, n)` summed by lab03's ring from the solution notebook, registered in this
+    process (`lib_dist.registry`, as a student's would be) and chosen by name."""
+    from pathlib import Path
+
+    from lib_dist import registry
+
+    if registry.all_reduce_algorithm(registry.MINE) is None:
+        registry.use_my_answers(Path(__file__).resolve().parent.parent / "solutions",
+                                "ring_all_reduce")
+    return comm.all_reduce(data(comm.rank, n), "sum", algorithm=registry.MINE)
+
+
 def gather_then_broadcast(comm: Communicator, n: int) -> torch.Tensor:
     """All-reduce (sum) through rank 0 (`lib_dist.comm.algorithms.gather_broadcast`): every
     rank sends its n float32 to rank 0, which adds them up and sends the total back to each."""

@@ -43,6 +43,7 @@ CHECKS = [
     ("send_recv", "send_recv_pairs", (N,)),
     ("ring", "ring_pass", (6,)),
     ("ring_all_reduce", "ring_all_reduce", (8,)),
+    ("registered_ring", "registered_ring", (9,)),
     ("gather_then_broadcast", "gather_then_broadcast", (N,)),
     ("assorted", "assorted_messages", (3_000_000,)),  # 12 MB: more than a channel holds
     ("blocked", "delivered_while_blocked", (3_000_000,)),
@@ -52,8 +53,8 @@ CHECKS = [
     ("all_to_all_disagreements", "all_to_all_disagreements", ()),
     ("all_to_all_subgroup", "all_to_all_in_subgroup", ()),
 ]
-P2P_CHECKS = [c for c in CHECKS
-              if c[0] not in ("barrier", "collectives") and not c[0].startswith("all_to_all")]
+P2P_CHECKS = [c for c in CHECKS if c[0] not in ("barrier", "collectives", "registered_ring")
+              and not c[0].startswith("all_to_all")]
 
 
 @dataclass
@@ -184,6 +185,19 @@ def test_ring_trace_counts_per_rank(gloo_run):
         assert [e.seq - events[0].seq for e in events] == list(range(2 * (ws - 1)))
         assert {e.peer for e in events if e.kind == "send"} == {(r + 1) % ws}
         assert {e.peer for e in events if e.kind == "recv"} == {(r - 1) % ws}
+
+
+def test_a_students_registered_ring_runs_on_real_ranks(gloo_run):
+    """lab03's ring, registered as a student's would be (`lib_dist.registry`), is what
+    `TorchCommunicator.all_reduce(..., algorithm="mine")` runs: its traced messages are a
+    ring's, 2(N-1) to the right neighbour, then one all_reduce event."""
+    ws = gloo_run.world_size
+    want = sum(alg.data(r, 9) for r in range(ws))
+    assert all(torch.equal(got, want) for got in gloo_run.results("registered_ring"))
+    for r in range(ws):
+        events = gloo_run.checks["registered_ring"][r][2].of_rank(r)
+        assert [e.peer for e in events if e.kind == "send"] == [(r + 1) % ws] * 2 * (ws - 1)
+        assert [e.kind for e in events][-1] == "all_reduce"
 
 
 def test_barrier(gloo_run):
