@@ -148,7 +148,8 @@ and lib_dist's own versions of them, which are switched off while the lab is gra
   scale, m, total, acc)`, one K/V block folded into the running maximum, sum and weighted
   values of the online softmax; `ring_forward(q, k, v, comm, seq_len) -> (out, lse)`, causal
   ring attention, each step's K/V exchange posted before its compute (the lab gives
-  `visible_pairs`, `RingAttention` with its backward and `ring_attention`); `exchange_rows(x,
+  `RingAttention`, whose backward goes around the ring again, and `ring_attention`; lib_dist's
+  `visible_pairs` is not switched off); `exchange_rows(x,
   comm, send, recv)` and `Exchange(torch.autograd.Function)`, expert parallelism's all-to-all
   of rows and its reverse, and `ExpertParallelMoE`'s `splits(fits)`, dispatch and combine (the
   lab gives the routing, the gathered counts and the experts' run); sequence parallelism's
@@ -328,10 +329,9 @@ LABS: dict[str, Lab] = {
                  "lib_dist.sharding.fsdp:torch_fully_sharded"),
         engines=True, preload=("torch._dynamo",)),
     "lab10_long_sequences": Lab(
-        ("zigzag_positions", "visible_pairs", "RingAttention", "ring_attention", "fold",
-         "ring_forward", "exchange_rows", "Exchange", "ExpertParallelMoE",
-         "all_gather_sequence", "reduce_scatter_sequence", "GatherSequence", "ScatterSequence",
-         "SequenceParallelBlock"),
+        ("zigzag_positions", "fold", "ring_forward", "exchange_rows", "Exchange",
+         "ExpertParallelMoE", "all_gather_sequence", "reduce_scatter_sequence",
+         "GatherSequence", "ScatterSequence", "SequenceParallelBlock"),
         ("lib_dist.context_parallel.layout:Layout.positions",
          "lib_dist.context_parallel.ring:ring_attention",
          "lib_dist.context_parallel.ring:RingAttention.forward",

@@ -1,5 +1,6 @@
 """Lab 10 cannot be passed with lib_dist's context parallelism, expert parallelism and sequence
-parallelism or with the oracles: a submission that imports lib_dist's answers, and one whose
+parallelism or with the oracles: a submission that imports lib_dist's answers (the ring's fold,
+the expert-parallel layer and its exchange, the sequence-parallel block), and one whose
 ring attention calls torch's scaled_dot_product_attention (what the tests compare it with),
 graded for real in the sandbox, score 0 on the questions they take that way and keep the
 points of what they wrote, while the solution keeps full marks and the untouched release
@@ -30,8 +31,8 @@ TESTS = RING_TESTS | {"q2-test-exchange", "q2-test-values", "q2-test-traffic", "
 
 LAB10_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
     "imports_lib_dist": ({  # its own zig-zag split kept: the layout's point
-        "q1-solution-layout": answer_source(LAB10, "q1-solution-layout")
-        + "\n\nfrom lib_dist.context_parallel import ring_attention\n",
+        "q1-solution-ring": RING[RING.index("def ring_forward"):]
+        + "\n\nfrom lib_dist.context_parallel.ring import _fold as fold\n",
         "q2-solution": "from lib_dist.experts import ExpertParallelMoE\n"
                        "from lib_dist.experts.exchange import exchange_rows\n",
         "q3-solution": "from lib_dist.tensor_parallel.sequence import SequenceParallelBlock\n"
@@ -58,8 +59,8 @@ def test_lab10_cheats_score_zero(lab10, student):
     expected = {
         "imports_lib_dist": [
             "lab10_long_sequences asks you to write this yourself: "
-            "lib_dist.context_parallel.ring.ring_attention is lib_dist's own version, switched "
-            "off while the lab is graded",
+            "lib_dist.context_parallel.ring._fold is lib_dist's own version, switched off "
+            "while the lab is graded",
             f"{asks} ExpertParallelMoE yourself: yours is "
             "lib_dist.experts.parallel.ExpertParallelMoE, lib_dist's own",
             f"{asks} SequenceParallelBlock yourself: yours is "

@@ -31,8 +31,8 @@ LAB = "lab10_long_sequences"
 # start.
 CHECKS = ("check_layout", "check_ring", "check_ring_traffic", "check_exchange", "check_moe",
           "check_moe_traffic", "check_sp", "check_sp_traffic", "check_sp_memory",
-          "random_sizes", "zigzag_positions", "visible_pairs", "RingAttention",
-          "ring_attention", "fold", "ring_forward", "exchange_rows", "Exchange",
+          "random_sizes", "zigzag_positions", "RingAttention", "ring_attention", "fold",
+          "ring_forward", "exchange_rows", "Exchange",
           "ExpertParallelMoE", "all_gather_sequence", "reduce_scatter_sequence",
           "GatherSequence", "ScatterSequence", "SequenceParallelBlock")
 
