@@ -216,7 +216,8 @@ class Lab:
     uses: tuple[str, ...] = ()
 
 
-_COLLECTIVES = ("broadcast", "all_gather", "reduce_scatter", "all_reduce")
+# all_reduce's default, not all_reduce: it runs a student's registered ring (lib_dist.registry)
+_COLLECTIVES = ("broadcast", "all_gather", "reduce_scatter", "_default_all_reduce")
 
 LABS: dict[str, Lab] = {
     "lab00_ranks": Lab(("square_of_rank", "sum_over_ranks", "shift_right", "swap_with_partner",

@@ -305,7 +305,7 @@ ROUTES = code('''
                      qualname)
     ''')
 ROUTE_NAMES = ("asked_in_a_child", "compiled_again", "loaded_twice", "through_wrapped")
-SAME_JOB = {"ring_all_reduce": "all_reduce",  # an ask whose reference has another name
+SAME_JOB = {"ring_all_reduce": "_default_all_reduce",  # an ask whose reference has another name
             "zigzag_positions": "positions", "fold": "_fold"}
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .base import Communicator, Handle, ReduceOp, _check_op, chunk_bounds, wait_all
-from .by_name import all_reduce_by_name
+from .by_name import all_reduce_by_name, preferred_all_reduce
 from .errors import CommError
 from .trace import Trace
 from .transport import AUTO, CHOICES, Lane, TunerModel, checked, connect, translated
@@ -130,13 +130,20 @@ class TorchCommunicator(Communicator):
         `algorithm`: "auto" (the tuner's choice for this size, the default), "native"
         (torch.distributed's), one of `lib_dist.comm.algorithms.ALGORITHMS`,
         "shared_memory" (ranks on one host only), or a student's registered in this process
-        (`lib_dist.registry.use_my_answers`: "mine", whose messages are traced). Every rank must
-        pass the same. The trace records one "all_reduce" event, not its messages.
+        (`lib_dist.registry.use_my_answers`: "mine", whose messages are traced; the default
+        where `prefer_all_reduce` chose it and no other was set). Every rank must pass the same.
+        The trace records one "all_reduce" event, not lib_dist's algorithms' messages.
         """
         _check_op(op, tensor)
-        if algorithm is not None and algorithm not in CHOICES:
+        mine = algorithm or (preferred_all_reduce() if self.all_reduce_algorithm == AUTO else None)
+        if mine is not None and mine not in CHOICES:  # a student's, registered
             self._check_tensor(tensor, "all_reduce")
-            return all_reduce_by_name(self, algorithm, tensor, op, CHOICES)
+            return all_reduce_by_name(self, mine, tensor, op, CHOICES)
+        return self._default_all_reduce(tensor, op, algorithm)
+
+    def _default_all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "sum",
+                            algorithm: str | None = None) -> torch.Tensor:
+        """lib_dist's own all-reduces: tuned, native, shared memory or one of the algorithms."""
         name = checked(algorithm or self.all_reduce_algorithm, CHOICES, "all_reduce algorithm")
         self._collective("all_reduce", tensor.nbytes, self._all_reduce, tensor, name)
         if op == "avg":
