@@ -139,3 +139,40 @@ def test_register_one_answer_and_the_labs_that_use_earlier_answers():
         for name in spec.uses:
             assert registry.lab_of(name) < lab, (lab, name)  # an earlier lab's answer
     assert LABS["lab04_data_parallel"].uses == ("ring_all_reduce",)
+
+
+STUDENT_RUN = """
+import sys
+import torch
+from lib_dist.comm import SimulatedWorld
+from lib_dist.registry import use_my_answers
+
+def total(comm):
+    return comm.all_reduce(torch.ones(3))
+
+try:
+    SimulatedWorld(2).run(total)
+except Exception as e:
+    print("stub:", "lab03_collectives asks you to write this yourself" in str(e))
+use_my_answers(sys.argv[1], "ring_all_reduce", default_all_reduce=True)
+world = SimulatedWorld(3)
+print("sums:", [t.tolist() for t in world.run(total)])
+print("sends:", [e.peer for e in world.trace.events if e.rank == 0 and e.kind == "send"])
+"""
+
+
+def test_in_the_student_edition_the_students_ring_is_comms_all_reduce(tmp_path):
+    """There lib_dist's own all-reduce is a stub naming lab03; the student's registered ring
+    is what `comm.all_reduce` runs once preferred."""
+    import subprocess
+    import sys
+
+    from grader.edition import student_edition
+
+    home = student_edition(tmp_path / "student_edition")
+    out = subprocess.run([sys.executable, "-c", STUDENT_RUN, str(SOLUTIONS)], cwd=tmp_path,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(home)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["stub: True", f"sums: {[[3.0] * 3] * 3}",
+                                       "sends: [1, 1, 1, 1]"], out.stdout
