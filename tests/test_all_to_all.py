@@ -185,3 +185,17 @@ def test_a_rank_that_never_calls_it_is_named():
     for r in (0, 2):
         e = info.value.exceptions[r]
         assert isinstance(e, PeerFailed) and "rank 1 returned without taking part" in str(e)
+
+
+def test_agreed_sizes_skip_the_check():
+    """`agreed=True` (sizes every rank read from one table): the same exchange, and no
+    all_to_all_check in the trace."""
+    def run(comm):
+        pieces = [torch.full((comm.rank + 1,), float(d)) for d in range(comm.world_size)]
+        expects = [torch.empty(s + 1) for s in range(comm.world_size)]
+        return comm.all_to_all(pieces, expects, agreed=True)
+
+    world = SimulatedWorld(3)
+    for r, got in enumerate(world.run(run)):
+        assert [t.tolist() for t in got] == [[float(r)] * (s + 1) for s in range(3)]
+        assert "all_to_all_check" not in {e.kind for e in world.trace.of_rank(r)}

@@ -124,6 +124,8 @@ def test_two_all_to_all_forward_and_two_backward(n):
         # the counts travel in one all_gather, before dispatch; backward needs none
         assert forward.count("all_gather") == 1 and "all_gather" not in backward
         assert forward.index("all_gather") < forward.index("all_to_all")
+        # the sizes come from that one table: no all-to-all checks them again
+        assert "all_to_all_check" not in everything
 
 
 def test_experts_that_do_not_split_evenly_are_refused():
@@ -159,6 +161,24 @@ def test_ranks_that_disagree_on_what_they_exchange_all_raise():
         assert isinstance(e, MismatchError)
         assert str(e).startswith(f"rank {r}: all_to_all: ranks disagree on the dtype")
         assert "rank 0 float64, rank 1 float32, rank 2 float64, rank 3 float64" in str(e)
+
+
+def test_ranks_whose_rows_differ_in_width_all_raise():
+    """Rank 2's layer is 2 wider: the gathered table says so, and every rank raises before
+    any row moves."""
+    def run(comm):
+        torch.manual_seed(0)
+        width = C + 2 if comm.rank == 2 else C
+        moe = MoE(width, E, 1).double()
+        ExpertParallelMoE(moe, comm)(torch.randn(B, T, width, dtype=F64))
+
+    with pytest.raises(RankFailure) as info:
+        SimulatedWorld(4).run(run)
+    assert info.value.ranks == [0, 1, 2, 3]
+    for r, e in info.value.exceptions.items():
+        assert isinstance(e, MismatchError)
+        assert str(e) == (f"rank {r}: all_to_all: ranks disagree on the width of the rows they "
+                          f"exchange: rank 0 4, rank 1 4, rank 2 6, rank 3 4")
 
 
 def test_a_rank_holds_the_router_and_its_own_experts_only():

@@ -43,6 +43,22 @@ def _code(dtype: torch.dtype) -> int:
 _DTYPES = {_code(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 
 
+def dtype_code(dtype: torch.dtype) -> int:
+    """`dtype` as a number every rank computes alike (to gather with other numbers)."""
+    return _code(dtype)
+
+
+def dtype_of(code: int) -> torch.dtype:
+    return _DTYPES[code]
+
+
+def as_agreed(inputs: Any, outputs: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`agree`'s result without the check, for sizes every rank read from one table (a mixture
+    of experts' counts, all-gathered): the inputs contiguous, the outputs as given."""
+    inputs = [t.contiguous() for t in inputs]
+    return inputs, [torch.empty_like(t) for t in inputs] if outputs is None else outputs
+
+
 def agree(comm: Communicator, inputs: Any, outputs: Any
           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Check `all_to_all(inputs, outputs)` on this rank and against every other rank's call;

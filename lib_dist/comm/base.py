@@ -18,17 +18,15 @@ this one among them). A rank owns a `Communicator` with:
 - `all_reduce_async(tensor, op)`: the all-reduce on a thread of the rank's, returning a
   `Handle` at once, for overlapping communication with computation (`background`);
   `all_gather_async(tensor)` likewise (the list by rank in the handle's `result`);
-- `compute(label, cost)`: a context manager around work the rank does, recorded in the trace
-  as a "compute" event; on a simulated world with a virtual clock it costs `cost` units
-  (`lib_dist.comm.clock`), elsewhere its wall time.
+- `compute(label, cost)`: work the rank does, a "compute" event in the trace; on a virtual
+  clock it costs `cost` units (`lib_dist.comm.clock`), elsewhere its wall time.
 
 Messages between a pair of ranks arrive in the order they were sent. Every completed
 operation is recorded in `trace` (see `lib_dist.comm.trace`): a collective as one event of its
 name, after the messages it was built from (none on a backend with native collectives).
 
-Backends implement `_post_send`, `_post_recv` and `world_barrier`, nothing else. What the
-all-reduce algorithms need of a rank is less than a communicator: `PointToPoint`, with
-`Handle`, in `lib_dist.comm.point_to_point`, below this module and the algorithms.
+Backends implement `_post_send`, `_post_recv` and `world_barrier`, nothing else; the
+all-reduce algorithms need less of a rank: `PointToPoint` (`lib_dist.comm.point_to_point`).
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from typing import Literal
 
 import torch
 
-from .agreement import agree
+from .agreement import agree, as_agreed
 from .background import BackgroundHandle, start_after
 from .by_name import all_reduce_by_name, preferred_all_reduce
 from .errors import CommError
@@ -186,15 +184,16 @@ class Communicator(ABC):
             wait_all(handles)
         return out
 
-    def all_to_all(self, inputs: list[torch.Tensor],
-                   outputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def all_to_all(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None = None,
+                   agreed: bool = False) -> list[torch.Tensor]:
         """Send `inputs[d]` to rank d and receive rank s's `inputs[self.rank]` into
         `outputs[s]`, for every rank; returns `outputs`. Every tensor has one dtype; shapes
         may differ, so `outputs` (preallocated, one per rank) says what arrives, by default
         tensors shaped like `inputs` (every rank sends every peer the same shape). The ranks
         first check that each expects what its peers send (`lib_dist.comm.agreement`): if
-        not, every rank raises, naming the ranks and shapes, and no data moves."""
-        inputs, outputs = self._check_all_to_all(inputs, outputs)
+        not, every rank raises, naming the ranks and shapes, and no data moves. `agreed`:
+        skip the check, the sizes being agreed already (read from a table every rank holds)."""
+        inputs, outputs = self._check_all_to_all(inputs, outputs, agreed)
         outputs[self.rank].copy_(inputs[self.rank])
         with self._traced("all_to_all", nbytes=sum(t.nbytes for t in inputs)):
             handles = [self.isend(inputs[dst], dst) for dst in self._others()]
@@ -202,9 +201,9 @@ class Communicator(ABC):
             wait_all(handles)
         return outputs
 
-    def _check_all_to_all(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None
-                          ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        return agree(self, inputs, outputs)
+    def _check_all_to_all(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None,
+                          agreed: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return as_agreed(inputs, outputs) if agreed else agree(self, inputs, outputs)
 
     def reduce_scatter(self, tensor: torch.Tensor, op: ReduceOp = "sum") -> torch.Tensor:
         """This rank's chunk (see `chunk_bounds`) of the reduction of the flattened tensor."""

@@ -84,9 +84,9 @@ class GroupCommunicator(Communicator):
                          lambda: dist.all_gather(out, tensor, group=self.group))
         return out
 
-    def all_to_all(self, inputs: list[torch.Tensor],
-                   outputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        inputs, outputs = self._check_all_to_all(inputs, outputs)
+    def all_to_all(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None = None,
+                   agreed: bool = False) -> list[torch.Tensor]:
+        inputs, outputs = self._check_all_to_all(inputs, outputs, agreed)
         sent = torch.cat([t.reshape(-1) for t in inputs])
         got = torch.empty(sum(t.numel() for t in outputs), dtype=sent.dtype, device=sent.device)
         self._collective("all_to_all", sent.nbytes, lambda: dist.all_to_all_single(

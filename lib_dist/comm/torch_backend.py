@@ -167,11 +167,11 @@ class TorchCommunicator(Communicator):
         self._collective("all_gather", tensor.nbytes, dist.all_gather, out, tensor)
         return out
 
-    def all_to_all(self, inputs: list[torch.Tensor],
-                   outputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def all_to_all(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor] | None = None,
+                   agreed: bool = False) -> list[torch.Tensor]:
         """As `Communicator.all_to_all`, in one torch.distributed `all_to_all_single` of the
         flattened tensors (gloo has no list form)."""
-        inputs, outputs = self._check_all_to_all(inputs, outputs)
+        inputs, outputs = self._check_all_to_all(inputs, outputs, agreed)
         sent = torch.cat([t.reshape(-1) for t in inputs])
         got = torch.empty(sum(t.numel() for t in outputs), dtype=sent.dtype, device=sent.device)
         self._collective("all_to_all", sent.nbytes, dist.all_to_all_single, got, sent,

@@ -26,32 +26,34 @@ from ..comm.autograd import Transposed
 
 
 def exchange_rows(x: torch.Tensor, comm: Communicator, send: list[int],
-                  recv: list[int]) -> torch.Tensor:
+                  recv: list[int], agreed: bool = False) -> torch.Tensor:
     """Rows `x` cut into blocks of `send[d]` rows for rank d; returns the `recv[s]` rows from
-    each rank s, concatenated in rank order. One `all_to_all`; no autograd."""
+    each rank s, concatenated in rank order. One `all_to_all`; no autograd. `agreed`: every
+    rank read its sizes from one table, so the all-to-all need not check them."""
     if sum(send) != x.shape[0]:
         raise ValueError(f"rank {comm.rank}: sends {sum(send)} rows ({send} to ranks "
                          f"0..{len(send) - 1}) but holds {x.shape[0]}")
     inputs = [block.contiguous() for block in x.split(send)]
     outputs = [x.new_empty((n, *x.shape[1:])) for n in recv]
-    return torch.cat(comm.all_to_all(inputs, outputs))
+    return torch.cat(comm.all_to_all(inputs, outputs, agreed=agreed))
 
 
-def dispatch(x: torch.Tensor, comm: Communicator, send: list[int],
-             recv: list[int]) -> torch.Tensor:
+def dispatch(x: torch.Tensor, comm: Communicator, send: list[int], recv: list[int],
+             agreed: bool = False) -> torch.Tensor:
     """`send[d]` rows of x to rank d; the `recv[s]` rows from each rank s, in rank order."""
-    return _exchanged(x, comm, send, recv)
+    return _exchanged(x, comm, send, recv, agreed)
 
 
-def combine(y: torch.Tensor, comm: Communicator, send: list[int],
-            recv: list[int]) -> torch.Tensor:
+def combine(y: torch.Tensor, comm: Communicator, send: list[int], recv: list[int],
+            agreed: bool = False) -> torch.Tensor:
     """As `dispatch`, for the experts' outputs on their way back (send: what dispatch received,
     recv: what it sent)."""
-    return _exchanged(y, comm, send, recv)
+    return _exchanged(y, comm, send, recv, agreed)
 
 
-def _exchanged(x: torch.Tensor, comm: Communicator, send: list[int], recv: list[int]
-               ) -> torch.Tensor:
+def _exchanged(x: torch.Tensor, comm: Communicator, send: list[int], recv: list[int],
+               agreed: bool) -> torch.Tensor:
     """`exchange_rows` forward; the same exchange reversed (send and recv swapped) backward."""
-    return Transposed.apply(x, partial(exchange_rows, comm=comm, send=send, recv=recv),
-                            partial(exchange_rows, comm=comm, send=recv, recv=send))
+    return Transposed.apply(
+        x, partial(exchange_rows, comm=comm, send=send, recv=recv, agreed=agreed),
+        partial(exchange_rows, comm=comm, send=recv, recv=send, agreed=agreed))

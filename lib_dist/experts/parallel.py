@@ -33,6 +33,8 @@ import torch
 from torch import nn
 
 from ..comm import Communicator
+from ..comm.agreement import dtype_code, dtype_of
+from ..comm.errors import MismatchError
 from .exchange import combine, dispatch
 from .moe import MoE, combine_rows
 from .routing import assignments, balance_loss, capacity, kept_counts, keep_in_order
@@ -67,7 +69,7 @@ class ExpertParallelMoE(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         routing = self.router(flat)
         local_sums = routing.probs.sum(0)                   # (experts,), this rank's share
-        counts, prob_sums = self._gather(routing.counts(), local_sums)
+        counts, prob_sums = self._gather(routing.counts(), local_sums, flat)
         tokens = int(counts.sum()) // self.k                 # every rank's tokens
         limit = capacity(tokens, self.k, E, self.capacity_factor)
         fits = kept_counts(counts, limit)                    # (ranks, experts)
@@ -80,8 +82,9 @@ class ExpertParallelMoE(nn.Module):
             # dispatch's backward is collective: run it on every rank, even where x needs no
             # gradient (then it carries one nobody reads), so that no rank waits for it alone
             rows = rows.detach().requires_grad_()
-        arrived = dispatch(rows, comm, send, recv)
-        done = combine(self._run_experts(arrived, fits), comm, recv, send)
+        # send and recv are read from `fits`, one table on every rank: agreed, no check
+        arrived = dispatch(rows, comm, send, recv, agreed=True)
+        done = combine(self._run_experts(arrived, fits), comm, recv, send, agreed=True)
         out = combine_rows(done, token, routing.gates[token, slot], flat)
 
         # the whole batch's value, the gradient of this rank's share only
@@ -89,14 +92,19 @@ class ExpertParallelMoE(nn.Module):
         aux = balance_loss(counts.sum(0).double() / (tokens * self.k), mean_prob)
         return out.reshape(x.shape), aux
 
-    def _gather(self, counts: torch.Tensor, prob_sums: torch.Tensor
+    def _gather(self, counts: torch.Tensor, prob_sums: torch.Tensor, rows: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every rank's counts, (ranks, experts) int64, and the probability sums over every
-        token, (experts,) float64: one all_gather of [counts, sums] in float64 (counts exact
-        below 2**53)."""
-        mine = torch.cat([counts.double(), prob_sums.detach().double()]).to(self.comm.device)
-        every = torch.stack(self.comm.all_gather(mine)).cpu()
-        return every[:, :self.n_experts].long(), every[:, self.n_experts:].sum(0)
+        token, (experts,) float64: one all_gather of [counts, sums, the rows' dtype and
+        width] in float64 (exact below 2**53). The sizes of both all-to-alls come from this
+        one table, so they agree; the dtype and width are checked here, on every rank."""
+        E = self.n_experts
+        shape = torch.tensor([dtype_code(rows.dtype), rows.shape[-1]], dtype=torch.float64)
+        mine = torch.cat([counts.double(), prob_sums.detach().double(), shape])
+        every = torch.stack(self.comm.all_gather(mine.to(self.comm.device))).cpu()
+        check_rows_agree(self.comm.rank, every[:, 2 * E].long().tolist(),
+                         every[:, 2 * E + 1].long().tolist())
+        return every[:, :E].long(), every[:, E:2 * E].sum(0)
 
     def _run_experts(self, arrived: torch.Tensor, fits: torch.Tensor) -> torch.Tensor:
         """The local experts' outputs, in the order the rows arrived: by source rank, then
@@ -118,3 +126,14 @@ class ExpertParallelMoE(nn.Module):
         for p in self.router.parameters():
             if p.grad is not None:
                 self.comm.all_reduce(p.grad, "sum")
+
+
+def check_rows_agree(rank: int, dtypes: list[int], widths: list[int]) -> None:
+    """Raise on every rank (each holds the same lists) if the ranks' rows differ in dtype or
+    width: the all-to-alls would move bytes the receivers read as something else."""
+    for what, values, shown in (("dtype", dtypes, lambda c: str(dtype_of(c)).split(".")[-1]),
+                                ("width", widths, str)):
+        if len(set(values)) > 1:
+            every = ", ".join(f"rank {r} {shown(v)}" for r, v in enumerate(values))
+            raise MismatchError(f"rank {rank}: all_to_all: ranks disagree on the {what} of the "
+                                f"rows they exchange: {every}")
