@@ -93,33 +93,39 @@ def load(three_d: ThreeD, optimizer: torch.optim.Optimizer, directory: Path) -> 
     """Load the checkpoint in `directory` (`save`'s), saved on any layout of this model, into
     this rank's parameters and `optimizer`'s state; returns the steps it was saved after."""
     saved = json.loads((Path(directory) / "layout.json").read_text())
-    old = Layout(saved["dp"], saved["pp"], saved["tp"])
-    tp = three_d.mesh["tp"]
-    for key, (p, split) in shards(three_d).items():
+    old_tp = Layout(saved["dp"], saved["pp"], saved["tp"]).tp
+    mine = shards(three_d)
+    wanted: dict[Path, list[str]] = {}  # old rank's folder -> the keys this rank reads there
+    for key, (_, split) in mine.items():
         layer = int(key.split(".")[1])
         stage = next(s for s, (a, b) in enumerate(saved["bounds"]) if a <= layer < b)
-        pieces = _read_shards(directory, stage, old.tp if split else 1, key)
-        for name, full in _whole(pieces, split).items():
-            mine = full if split is None or full.dim() == 0 else piece_of(
+        for t in range(old_tp if split else 1):
+            wanted.setdefault(shard_folder(directory, stage, t), []).append(key)
+    found = {folder: _read_prefixed(folder, keys) for folder, keys in wanted.items()}
+    tp = three_d.mesh["tp"]
+    for key, (p, split) in mine.items():
+        pieces = [found[folder][key] for folder, keys in wanted.items() if key in keys]
+        for name, full in _whole(pieces, split).items():  # pieces in old tp rank order
+            share = full if split is None or full.dim() == 0 else piece_of(
                 full, tp.rank, tp.world_size, *split)
             if name == "":
                 with torch.no_grad():
-                    p.copy_(mine)
+                    p.copy_(share)
             else:
-                optimizer.state[p][name] = mine
+                optimizer.state[p][name] = share
     return int(_read(shard_folder(directory, 0, 0), ["step"])["step"])
 
 
-def _read_shards(directory: Path, stage: int, ranks: int, key: str
-                 ) -> list[dict[str, torch.Tensor]]:
-    """Parameter `key` and its optimizer state ("" and each state name) from each old tp
-    rank of `stage`."""
-    out = []
-    for t in range(ranks):
-        folder = shard_folder(directory, stage, t)
-        names = [k for k in _keys(folder) if k == key or k.startswith(key + "/")]
-        out.append({k.removeprefix(key).removeprefix("/"): v
-                    for k, v in _read(folder, names).items()})
+def _read_prefixed(folder: Path, keys: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """Each parameter of `keys` and its optimizer state ("" and each state's name) from the
+    checkpoint in `folder`, in one read."""
+    every = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    names = [k for k in every if k.split("/")[0] in set(keys)]
+    tensors = _read(folder, names)
+    out: dict[str, dict[str, torch.Tensor]] = {key: {} for key in keys}
+    for name, t in tensors.items():
+        key, _, state = name.partition("/")
+        out[key][state] = t
     return out
 
 
@@ -129,10 +135,6 @@ def _whole(pieces: list[dict[str, torch.Tensor]], split: Split) -> dict[str, tor
         return pieces[0]
     return {name: t if t.dim() == 0 else unshard([p[name] for p in pieces], *split)
             for name, t in pieces[0].items()}
-
-
-def _keys(folder: Path) -> list[str]:
-    return list(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
 
 
 def _read(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
