@@ -7,8 +7,9 @@ rank reported) and the CPU allocator's peak during them (the largest rank report
 one rank's ring attention over the whole sequence divided by N (memory should fall as 1/N).
 Then the expert-parallel MoE layer (`lib_dist.experts.ExpertParallelMoE`: 8 experts, top 2,
 capacity factor 1.25, 4 x 256 tokens of width 128 per rank): a forward + backward step with
-the communicator's `all_to_all` (which first checks that the ranks agree on what they send)
-against the same layer on torch's `all_to_all_single` called directly, unchecked.
+the communicator's `all_to_all` (traced; its sizes agreed through the counts every rank
+gathers, with the rows' dtype and width checked there) against the same layer on torch's
+`all_to_all_single` called directly, untraced.
 Goals (issue): ring attention's memory per rank within 10% of 1/N of one rank's, its time at
 most 1.0x the all-gather variant's at the longest length; the MoE step at most 1.0x the torch
 all-to-all variant's.
@@ -89,8 +90,9 @@ class TorchAllToAll:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._comm, name)
 
-    def all_to_all(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
-                   ) -> list[torch.Tensor]:
+    def all_to_all(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+                   agreed: bool = False) -> list[torch.Tensor]:
+        """`agreed` is taken and ignored: this baseline never checks."""
         import torch.distributed as dist
 
         sent = torch.cat([t.reshape(-1) for t in inputs])
