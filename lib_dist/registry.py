@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from .references import lookup
+
 # what use_my_answers registers by default: name -> the reference, as "module:qualname"
 HOMES: dict[str, str] = {
     "ring_all_reduce": "lib_dist.comm.algorithms:ring",
@@ -121,7 +123,7 @@ def implementation(name: str) -> Any:
     if name not in HOMES:
         raise MissingAnswer(f"no implementation of {name!r} is registered, and lib_dist has "
                             f"no reference of it (its references: {', '.join(sorted(HOMES))})")
-    return _attribute(HOMES[name])
+    return lookup(HOMES[name])
 
 
 def is_registered(name: str) -> bool:
@@ -174,7 +176,7 @@ def use_my_answers(where: str | Path | Iterable[str | Path], *names: str,
         register(name, value)
         if name in HOMES and name not in ALL_REDUCE_ANSWERS:
             reference = HOMES[name]
-            _rebound.setdefault(name, _attribute(reference))
+            _rebound.setdefault(name, lookup(reference))
             module, _, attr = reference.partition(":")
             setattr(importlib.import_module(module), attr, value)
     if default_all_reduce and "ring_all_reduce" in loaded:
@@ -193,12 +195,7 @@ def forget() -> None:
     _preferred.clear()
 
 
-def _attribute(reference: str) -> Any:
-    module, _, qualname = reference.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+
 
 
 __all__ = ["HOMES", "MINE", "MissingAnswer", "all_reduce_algorithm", "forget", "implementation",

@@ -12,12 +12,12 @@ algorithms), or a function pickled by reference to an engine.
 
 from __future__ import annotations
 
-import importlib
 import types
 import weakref
 from typing import Any, Callable
 
 from ..extend import LABS
+from ..references import lookup
 
 GRADED_LAB = "LIB_DIST_GRADED_LAB"
 # `oracles`' wrappers -> the function each one guards; kept here rather than on the wrapper
@@ -59,15 +59,6 @@ def resolve(reference: str) -> types.FunctionType:
     if not isinstance(obj, types.FunctionType):
         raise TypeError(f"{reference} is a {type(obj).__name__}; a lab's references are "
                         f"functions or methods")
-    return obj
-
-
-def lookup(reference: str) -> Any:
-    """The object named by "package.module:Qual.name"."""
-    module_name, _, qualname = reference.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
     return obj
 
 
