@@ -163,6 +163,17 @@ define, and lib_dist's own versions of them, which are switched off while the la
   tests compare with, refuse to run inside the student's code. `benchmarks/long_context.py`
   times lib_dist's ring attention against all-gathered K/V and its MoE step against torch's
   `all_to_all_single`.
+- lab11_capstone, on `lib_dist.comm.mesh.split`, module 5's `one_f_one_b_step`, module 6's
+  `ParallelBlock` and `lib_dist.three_d.checkpoint`'s `save` and `load`:
+  `coordinates_of(rank, layout)`, a rank's (d, p, t) in the (dp, pp, tp) grid, tp fastest;
+  `mesh_groups(comm, layout)`, its dp, pp and tp groups by `split`; `replica_share(inputs,
+  targets, dp)`, `average_over_replicas(parameters, dp)`, `global_loss(replica_loss, stage,
+  pp, dp)` and `three_d_step(piece, optimizer, inputs, targets, m)`, one 3D-parallel step (the
+  lab gives `Piece`, a rank's stage of tensor-parallel blocks built on the student's groups);
+  `latest_complete(run)` and `train(comm, layout, run, steps, every, m, before_step)`, a run
+  that checkpoints and starts again from its last complete checkpoint on any layout.
+  lib_dist's versions (`lib_dist.comm.mesh.Mesh`, `lib_dist.three_d`) are switched off while
+  the lab is graded.
 
 Reusing definitions
 -------------------

@@ -176,6 +176,15 @@ LABS: dict[str, Lab] = {
         oracles=("torch.nn.functional:scaled_dot_product_attention",
                  "lib_dist.tensor_parallel:ParallelBlock", "lib_dist.experts.moe:MoE"),
         engines=True, preload=("torch._dynamo",)),
+    "lab11_capstone": Lab(
+        ("coordinates_of", "mesh_groups", "replica_share", "average_over_replicas",
+         "global_loss", "three_d_step", "latest_complete", "train"),
+        ("lib_dist.comm.mesh:Mesh.__init__", "lib_dist.comm.mesh:coordinates",
+         "lib_dist.comm.mesh:rank_of", "lib_dist.three_d.model:ThreeD.__init__",
+         *(f"lib_dist.three_d.step:{name}" for name in (
+             "replica_batch", "three_d_step", "global_loss")),
+         "lib_dist.three_d.checkpoint:latest"),
+        engines=True, preload=("torch._dynamo",)),
 }
 
 
