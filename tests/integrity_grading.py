@@ -110,10 +110,20 @@ def full_marks(course, lab) -> dict[str, float]:
             if c.metadata.get("nbgrader", {}).get("grade")}
 
 
+def solution_errors(course, lab) -> str:
+    """What the graded solution's notebook shows (the judge's reasons included), its last
+    6,000 characters: why a cell lost points, for a failure's message."""
+    try:
+        return outputs_text(course, lab, "solution")[-6000:]
+    except OSError as e:  # not graded this time: say so rather than hide the scores
+        return f"(no autograded notebook for the solution: {e})"
+
+
 def check_cheat(graded, lab, cheats, student):
     course, scores = graded
     full = scores.get("solution") or full_marks(course, lab)
-    assert full == full_marks(course, lab), f"the solution lost points: {full}"
+    assert full == full_marks(course, lab), (
+        f"the solution lost points: {full}\n{solution_errors(course, lab)}")
     zeroed = set(full) if cheats[student][1] == "all" else cheats[student][1]
     expected = {cell: 0.0 if cell in zeroed else points for cell, points in full.items()}
     errors = error_text(course, lab, student)
