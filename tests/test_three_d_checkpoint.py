@@ -14,6 +14,8 @@ from lib_dist.comm import SimulatedWorld
 from lib_dist.errors import RankFailure
 from lib_dist.three_d import Layout, ThreeD, three_d_step
 from lib_dist.three_d.checkpoint import latest, load, save
+from lib_dist.three_d.resume import crashed_at
+from lib_dist.three_d.resume import train as train_resumable
 
 from test_three_d import CONFIG, LR, batches, one_process
 
@@ -52,3 +54,23 @@ def test_a_run_that_loses_a_rank_resumes_from_its_checkpoint_on_any_layout(after
         assert sorted(losses) == [4, 5]  # from the last checkpoint, after step 4
         for step, loss in losses.items():
             assert abs(loss - want[step]) <= 1e4 * EPS64, (after, rank, step, loss, want[step])
+
+
+def test_resume_train_names_the_crashed_rank_and_resumes_on_simulated_ranks(tmp_path):
+    """lib_dist.three_d.resume.train, what a notebook calls (on real ranks:
+    test_three_d_failure_cluster.py): on simulated ranks, threads of one process, the rank
+    told to crash raises rather than ending the process; the run resumes at another layout."""
+    data = [batches(step, BATCHES) for step in range(STEPS)]
+    with pytest.raises(RankFailure) as failed:
+        SimulatedWorld(4, timeout=20).run(train_resumable, Layout(2, 1, 2), CONFIG, data,
+                                          tmp_path, every=EVERY, lr=LR, crash=(1, DIES_AT))
+    assert failed.value.ranks == [1], failed.value
+    assert crashed_at(tmp_path) is not None and latest(tmp_path) == tmp_path / "step4"
+    resumed = SimulatedWorld(4, timeout=20).run(train_resumable, Layout(1, 2, 2), CONFIG, data,
+                                                tmp_path, every=EVERY, lr=LR, resume=True)
+    want = one_process(STEPS, BATCHES)
+    for rank, progress in enumerate(resumed):
+        assert progress.start == 4 and sorted(progress.losses) == [4, 5], progress
+        assert progress.checkpoint_bytes > 0  # (dp=1): every rank writes its shards
+        for step, loss in progress.losses.items():
+            assert abs(loss - want[step]) <= 1e4 * EPS64, (rank, step, loss, want[step])

@@ -47,12 +47,16 @@ class GroupCommunicator(Communicator):
         dist.destroy_process_group(self.group)
 
     def _post_send(self, tensor: torch.Tensor, dst: int) -> Handle:
-        work = dist.isend(tensor, self.ranks[dst], group=self.group)
-        return _WorkHandle(work, self.rank, self.timeout, f"send to rank {dst}")
+        what = f"send to rank {dst}"
+        with translated(self.rank, self.timeout, what):  # gloo may fail as it posts
+            work = dist.isend(tensor, self.ranks[dst], group=self.group)
+        return _WorkHandle(work, self.rank, self.timeout, what)
 
     def _post_recv(self, buffer: torch.Tensor, src: int) -> Handle:
-        work = dist.irecv(buffer, self.ranks[src], group=self.group)
-        return _WorkHandle(work, self.rank, self.timeout, f"recv from rank {src}")
+        what = f"recv from rank {src}"
+        with translated(self.rank, self.timeout, what):
+            work = dist.irecv(buffer, self.ranks[src], group=self.group)
+        return _WorkHandle(work, self.rank, self.timeout, what)
 
     def world_barrier(self) -> None:
         with translated(self.rank, self.timeout, "barrier"):

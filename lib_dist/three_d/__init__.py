@@ -9,7 +9,9 @@ group. Each kind of collective stays inside its own group.
 - `step`: `three_d_step`, one training step; `global_loss`, the step's loss on every rank;
 - `planner`: every layout of a cluster priced in memory and time per step, fastest first;
 - `checkpoint`: `save` with torch.distributed.checkpoint, each rank its own shards, and `load`
-  on any layout (resharded), to go on after a rank dies.
+  on any layout (resharded), to go on after a rank dies;
+- `resume`: `train`, a run that checkpoints every few steps and, after a rank's death, resumes
+  from its last checkpoint on any layout, with the loss curve of a run that never failed.
 """
 
 from .model import Layout, ThreeD
