@@ -14,11 +14,18 @@ For a model, a cluster and a global batch, every layout of the cluster's devices
 
 Ranks are numbered tp fastest, then pp, then dp (`lib_dist.comm.mesh.Mesh`): a group runs on
 the node's links while its ranks fit in one node, on the network's otherwise.
+
+That is the step as a good program runs it. `price(..., as_run=True)` prices instead the step
+`three_d_step` runs (`as_run`): stages as unequal as `ThreeD` cuts them (balanced by
+parameters; the head whole on every tp rank), their 1F1B timeline, the all-reduce the ranks
+really run (`Machines.all_reduce`, measured, where given), and the gradients all-reduced over
+dp one tensor at a time after the pipeline drains, nothing hidden behind the backward pass.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..comm import AlphaBeta
@@ -26,13 +33,16 @@ from ..comm.algorithms import RING
 from ..models.gpt import GPTConfig
 from ..tensor_parallel.cost import block_communication_time, layout as memory_layout
 from ..train.utilisation import flops_per_token
+from . import as_run as run
 from .model import Layout
 
 
 @dataclass(frozen=True)
 class Machines:
     """A cluster: `devices` in nodes of `per_node`, each with `memory` bytes and `flops` peak
-    FLOP/s of which a step reaches `mfu`; links inside a node and between nodes."""
+    FLOP/s of which a step reaches `mfu`; links inside a node and between nodes.
+    `all_reduce`: where measured, a whole all-reduce of a group of n ranks as one latency and
+    bandwidth, by n (None: a ring over the group's links)."""
 
     devices: int
     per_node: int
@@ -41,6 +51,7 @@ class Machines:
     mfu: float
     intra: AlphaBeta
     inter: AlphaBeta
+    all_reduce: Mapping[int, AlphaBeta] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,21 +94,38 @@ def link(group_span: int, machines: Machines) -> AlphaBeta:
     return machines.intra if group_span <= machines.per_node else machines.inter
 
 
+def all_reduce_time(n: int, nbytes: int, machines: Machines) -> float:
+    """Seconds of an all-reduce of `nbytes` over a group of n ranks: measured where the
+    cluster says, a ring over the group's links otherwise."""
+    if n == 1:
+        return 0.0
+    if machines.all_reduce is not None and n in machines.all_reduce:
+        return machines.all_reduce[n].cost(nbytes)
+    return RING.cost(n, nbytes, link(n, machines))
+
+
 def price(config: GPTConfig, layout: Layout, machines: Machines, global_batch: int,
-          micro_batch: int = 1, bytes_per_element: int = 2) -> Plan:
+          micro_batch: int = 1, bytes_per_element: int = 2, as_run: bool = False) -> Plan:
     """The plan of one layout (`global_batch` sequences of `config.block_size` tokens, cut into
-    micro-batches of `micro_batch` per replica)."""
+    micro-batches of `micro_batch` per replica); `as_run`: of the step `three_d_step` runs
+    (see the module's docstring)."""
     dp, pp, tp = layout.dp, layout.pp, layout.tp
     if global_batch % (dp * micro_batch):
         raise ValueError(f"a global batch of {global_batch} does not split into dp={dp} "
                          f"replicas of micro-batches of {micro_batch}")
     m = global_batch // (dp * micro_batch)
     T, C = config.block_size, config.n_embd
-    state = memory_layout(config, tp, pp, dp).bytes_per_rank
-    layers = math.ceil(config.n_layer / pp)
+    if as_run:  # ThreeD's stages: the embedding and the head are layers too (pp may exceed
+        state, layers = run.fullest_stage(config, pp, tp)  # n_layer)
+    else:
+        state = memory_layout(config, tp, pp, dp).bytes_per_rank
+        layers = math.ceil(config.n_layer / pp)
     in_flight = min(pp, m)  # 1F1B: stage 0 holds pp micro-batches' activations at most
     activations = in_flight * layers * activation_bytes_per_layer(config, micro_batch, tp, T,
                                                                   bytes_per_element)
+    if as_run:
+        return Plan(layout, m, state, activations,
+                    *priced_as_run(config, layout, machines, m, micro_batch, bytes_per_element))
     tokens = global_batch * T
     compute = flops_per_token(config, T) * tokens / (machines.devices * machines.flops
                                                      * machines.mfu)
@@ -112,6 +140,39 @@ def price(config: GPTConfig, layout: Layout, machines: Machines, global_batch: i
     backward = compute * 2 / 3  # backward is two thirds of the FLOPs: the all-reduce hides there
     return Plan(layout, m, state, activations, compute, bubble, tp_s, pp_s,
                 max(0.0, dp_s - backward))
+
+
+def priced_as_run(config: GPTConfig, layout: Layout, machines: Machines, m: int,
+                  micro_batch: int, bytes_per_element: int) -> tuple[float, ...]:
+    """(compute, bubble, tp, pp, dp) seconds of the step `three_d_step` runs: the stages'
+    1F1B timeline priced three times, compute alone, with the blocks' tp all-reduces, with
+    the stage boundaries' messages, each adding its part; then each stage's gradient
+    all-reduces over dp one tensor at a time and the loss's two small all-reduces (pp, dp)."""
+    dp, pp, tp = layout.dp, layout.pp, layout.tp
+    tokens, rate = micro_batch * config.block_size, machines.flops * machines.mfu
+    kinds, bounds = run.layer_kinds(config), run.stage_bounds(config, pp)
+    activation = tokens * config.n_embd * bytes_per_element
+    work, blocks = [], []
+    for first, end in bounds:
+        mine = kinds[first:end]
+        work.append(sum(run.layer_flops_per_token(k, config, tp) for k in mine) * tokens / rate)
+        blocks.append(mine.count("block"))
+    tp_each = 2 * all_reduce_time(tp, activation, machines)  # f's or g's two, a block and pass
+
+    def ends(with_tp: bool, message: float) -> list[float]:
+        forward = [w / 3 + (b * tp_each if with_tp else 0) for w, b in zip(work, blocks)]
+        backward = [2 * w / 3 + (b * tp_each if with_tp else 0) for w, b in zip(work, blocks)]
+        return run.one_f_one_b_ends(forward, backward, m, message)
+
+    alone, with_tp = max(ends(False, 0.0)), max(ends(True, 0.0))
+    full = ends(True, link(tp * pp, machines).cost(activation) if pp > 1 else 0.0)
+    gradients = [sum(all_reduce_time(dp, n * bytes_per_element, machines)
+                     for k in kinds[first:end] for n in run.layer_tensors(k, config, tp))
+                 for first, end in bounds]
+    loss = all_reduce_time(pp, 8, machines) + all_reduce_time(dp, 8, machines)
+    step = max(e + g for e, g in zip(full, gradients)) + loss
+    compute = m * max(work)
+    return compute, alone - compute, with_tp - alone, max(full) - with_tp, step - max(full)
 
 
 def plans(config: GPTConfig, machines: Machines, global_batch: int, micro_batch: int = 1,
