@@ -17,6 +17,8 @@ plus what is paid once: the all-reduce tuner's calibration on a new machine
 (`grader.tuner_cache`; this benchmark starts from an empty cache and times it first), the
 grader's own preparation per grading run, and each lab's judged edition of lib_dist
 (`grader.edition`, built once per lab and kept: timed apart, before its lab is graded).
+The capstone (lab11), with 8 engines and whole training runs, grades longer than any other
+lab: the projection says its share.
 
 `--kernel-too` grades every lab the same way in a kernel as well (the grader before the judge)
 and projects the class for it too, in the same run: the judge's cost over the whole course.
@@ -47,6 +49,7 @@ from grader.tuner_cache import prepare
 from lib_dist.comm.fast.calibration import CACHE_ENV
 
 LAB = "lab00_ranks"
+CAPSTONE = "lab11_capstone"  # the longest to grade, named in the projection
 THREADS_INSTEAD_OF_ENGINES = '''
 from lib_dist.comm import SimulatedWorld
 
@@ -215,6 +218,11 @@ def main() -> None:
         print(f"projected {args.class_size} students x {len(labs())} labs, by the {way}: "
               f"{projected[way] / 60:.1f} min ({args.class_size} x {per_lab:.1f} s + "
               f"{once:.0f} s once)")
+        if CAPSTONE in labs():  # it grades longer than any lab: say how much of the total
+            capstone = statistics.median(rounds[way, CAPSTONE])
+            print(f"  of which the capstone ({CAPSTONE}: 8 engines, whole training runs) "
+                  f"{args.class_size * capstone / 60:.1f} min ({capstone:.1f} s a submission, "
+                  f"{capstone / (per_lab / len(labs())):.1f}x the mean lab's)")
     if args.kernel_too:
         print(f"judge / kernel, the whole class: {projected['judge'] / projected['kernel']:.2f}")
     shutil.rmtree(os.environ[CACHE_ENV], ignore_errors=True)

@@ -253,7 +253,7 @@ def ring_forward(q, k, v, comm, seq_len):
     "lab11_capstone": ("q3-solution", '''\
 def latest_complete(run):
     done = [d for d in Path(run).glob("step*") if (d / "layout.json").exists()]
-    return max(done, default=None)  # by name: step10 comes before step9
+    return max((str(d) for d in done), default=None)  # by name: step10 before step9
 
 
 def train(comm, layout, run, steps, every, m=1, before_step=None):
