@@ -17,7 +17,8 @@ built from torch's own parts, and a checkpoint's save and load against
    against the 8 real ranks' step. The idealised planner (`as_run=False`: a ring, dp's
    all-reduce hidden behind backward, equal stages) is printed beside it.
 3. Each layout's step, lib_dist's `three_d_step` against torch's composition
-   (`capstone_torch.py`: DeviceMesh, DTensor TP, pipelining's Schedule1F1B, DDP), AdamW,
+   (`capstone_torch.py`: DeviceMesh, DTensor TP, pipelining's Schedule1F1B, FSDP2 over dp;
+   DDP under the pipeline does not average: see there), AdamW,
    interleaved rounds (`rounds.py`; the order flips every round), the slowest rank's time
    per round, medians.
 4. Checkpoint save and load at (2, 2, 2), lib_dist's against `dcp` called directly on the same
@@ -100,13 +101,18 @@ def one_layout(config: Any, shape: tuple[int, int, int], per_rank: list[dict[str
         f"2 / 4 / 8 ranks " + " / ".join(
             f"{statistics.median(c['all_reduce'][f'{n}/8'] for c in cals) * 1e3:.2f}"
             for n in (2, 4, 8)) + " ms")
-    out = {"lib_dist_s": statistics.median(ours), "torch_s": statistics.median(theirs),
-           "lib_dist_over_torch": median_ratio(ours, theirs),
-           "predicted_s": statistics.median(predicted),
-           "measured_over_predicted": median_ratio(ours, predicted),
-           "parts_s": {k: statistics.median(getattr(p, k) for p in plans)
-                       for k in ("compute_s", "bubble_s", "tp_s", "pp_s", "dp_exposed_s")},
-           "calibrations": cals, "losses": [r["losses"] for r in per_rank]}
+    out: dict[str, Any] = {
+        "lib_dist_s": statistics.median(ours), "torch_s": statistics.median(theirs),
+        "lib_dist_over_torch": median_ratio(ours, theirs),
+        "predicted_s": statistics.median(predicted),
+        "measured_over_predicted": median_ratio(ours, predicted),
+        "parts_s": {k: statistics.median(getattr(p, k) for p in plans)
+                    for k in ("compute_s", "bubble_s", "tp_s", "pp_s", "dp_exposed_s")},
+        "calibrations": cals, "losses": [r["losses"] for r in per_rank]}
+    replicas = [r["losses"]["torch"] for r in per_rank if r["losses"].get("torch") is not None]
+    out["torch_replicas_mean_loss"] = sum(replicas) / len(replicas)
+    say(f"{layout}: last loss lib_dist {out['losses'][0]['lib_dist']:.6f}, torch's replicas' "
+        f"mean {out['torch_replicas_mean_loss']:.6f} (the same steps on the same batch)")
     return out | on_the_virtual_clock(config, layout, machines_of(cals[0]))
 
 

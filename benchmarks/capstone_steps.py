@@ -1,7 +1,7 @@
 """What each of the capstone benchmark's 8 ranks times: one layout's training step under
-lib_dist and under torch's composition, interleaved, each round after a calibration, and a checkpoint's save and load under
-`lib_dist.three_d.checkpoint` and under `torch.distributed.checkpoint` called directly on the
-same tensors.
+lib_dist and under torch's composition, interleaved, each round after a calibration, and a
+checkpoint's save and load under `lib_dist.three_d.checkpoint` and under
+`torch.distributed.checkpoint` called directly on the same tensors.
 
 Sent to the engines by value (cloudpickle), as `rounds.py` is.
 """

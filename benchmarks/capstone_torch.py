@@ -8,19 +8,22 @@ layers, cut by the same balanced bounds) and builds it with torch's parts only:
   `ColwiseParallel` / `RowwiseParallel` over the mesh's tp dimension
   (`lib_dist.tensor_parallel.dtensor`'s plan: q, k, v and fc column-wise, the two projections
   row-wise); the embedding and the head whole on each tp rank, as lib_dist keeps them;
-- data parallelism: `DistributedDataParallel` over the dp dimension (`device_mesh=`, which
-  takes DTensor parameters), its gradients bucketed and all-reduced during backward;
+- data parallelism: FSDP2's `fully_shard` over the dp dimension, on each layer and on the
+  stage (`reshard_after_forward=False`: each layer's parameters gathered once a step, the
+  gradients reduce-scattered), the data-parallel wrapper torch's pipelining composes with;
 - pipeline parallelism: `torch.distributed.pipelining`'s `PipelineStage` over the pp
   dimension's group, run by `Schedule1F1B` (m micro-batches; with one stage, the same
   schedule runs them one after the other).
 
-Every part works on CPU ranks with gloo in torch 2.13, in all five layouts, with one
-exception worked around: DDP under the pipeline's micro-batches needs `static_graph=True`.
-Without it, at (2, 4, 1), whose first stage is the embedding alone, DDP's reducer stops at its
-first step with "params_.size() == rebuilt_param_indices_.size() INTERNAL ASSERT FAILED ...
-Original model param size is: 2 versus rebuilt params size of: 4": rebuilding its buckets
-after the first iteration, it counted each of the stage's two parameters once per
-micro-batch's backward. With a static graph DDP records the order once and runs.
+Every part works on CPU ranks with gloo in torch 2.13, in all five layouts; DDP does not,
+under the pipeline. `DistributedDataParallel(device_mesh=mesh["dp"])` fails at (2, 4, 1),
+whose first stage is the embedding alone, in its first step: "params_.size() ==
+rebuilt_param_indices_.size() INTERNAL ASSERT FAILED ... Original model param size is: 2
+versus rebuilt params size of: 4" (rebuilding its buckets, it counted each parameter once per
+micro-batch's backward). With `static_graph=True` it runs, but wherever pp > 1 it leaves the
+gradients unaveraged: the replicas' losses drift from one process's ((2, 2, 2): their mean
+3.92 against 4.05 after a dozen steps), where with FSDP2 the replicas' mean loss is
+lib_dist's, every layout. The benchmark prints both losses.
 
 Sent to the engines by value (cloudpickle), as `rounds.py` is.
 """
@@ -62,8 +65,8 @@ def torch_composition(config: Any, shape: tuple[int, int, int], m: int,
     step takes the global batch and runs one 1F1B training step of this rank's replica."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-    from torch.nn.parallel import DistributedDataParallel
 
     from lib_dist.pipeline import next_token_loss
 
@@ -71,7 +74,9 @@ def torch_composition(config: Any, shape: tuple[int, int, int], m: int,
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "pp", "tp"))
     module = torch_stage_module(config, shape, mesh)
     if dp > 1:
-        module = DistributedDataParallel(module, device_mesh=mesh["dp"], static_graph=True)
+        for layer in module:
+            fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=False)
+        fully_shard(module, mesh=mesh["dp"], reshard_after_forward=False)
     pp_rank = mesh["pp"].get_local_rank()
     stage = PipelineStage(module, pp_rank, pp, torch.device("cpu"), group=mesh["pp"].get_group())
     schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=next_token_loss)
