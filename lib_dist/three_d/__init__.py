@@ -7,7 +7,9 @@ group. Each kind of collective stays inside its own group.
 
 - `model`: `ThreeD`, this rank's piece of module 02's GPT for a layout;
 - `step`: `three_d_step`, one training step; `global_loss`, the step's loss on every rank;
-- `planner`: every layout of a cluster priced in memory and time per step, fastest first;
+- `planner`: every layout of a cluster priced in memory and time per step, fastest first
+  (`as_run`: the step as `ThreeD` and `three_d_step` really run it, for `price(...,
+  as_run=True)`);
 - `checkpoint`: `save` with torch.distributed.checkpoint, each rank its own shards, and `load`
   on any layout (resharded), to go on after a rank dies;
 - `resume`: `train`, a run that checkpoints every few steps and, after a rank's death, resumes
