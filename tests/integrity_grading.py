@@ -316,7 +316,8 @@ ROUTES = code('''
     ''')
 ROUTE_NAMES = ("asked_in_a_child", "compiled_again", "loaded_twice", "through_wrapped")
 SAME_JOB = {"ring_all_reduce": "_default_all_reduce",  # an ask whose reference has another name
-            "zigzag_positions": "positions", "fold": "_fold"}
+            "zigzag_positions": "positions", "fold": "_fold", "coordinates_of": "coordinates",
+            "replica_share": "replica_batch", "latest_complete": "latest"}
 
 
 def reference_of(lab: str, ask: str) -> tuple[str, str] | None:
