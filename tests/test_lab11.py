@@ -125,3 +125,38 @@ def test_a_run_that_ignores_its_checkpoint_recomputes_its_steps():
                                              r"\[0, 1, 2, 3, 4, 5\]; expected 4 and 5 only"):
         ns["check_resume"](L222)
     ns["check_latest"]([2, 9, 10], [12])
+
+
+FLATTENED = '''    grads = []
+    for p in parameters:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    flat = dp.all_reduce(torch.cat([g.reshape(-1) for g in grads]), op="avg")
+    for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(mean.view_as(g))
+'''
+PER_PARAMETER = '''    for p in parameters:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dp.all_reduce(p.grad, op="avg")
+'''
+
+
+def test_gradients_flattened_into_one_all_reduce_pass_the_traces_too():
+    """One all-reduce of every gradient flattened (fewer messages, module 4's buckets) is as
+    right as one per parameter: the trace test counts the bytes, each gradient once."""
+    ns = variant("q2-solution", (PER_PARAMETER, FLATTENED))
+    layout = Layout(2, 1, 2)
+    ns["check_parameters"](layout)
+    ns["check_traces"](layout)
+
+
+def test_gradients_averaged_twice_fail_the_traces():
+    """Flattened and averaged twice: the values stay right (a mean of equal tensors), the
+    bytes say each gradient went over the dp group twice."""
+    ns = variant("q2-solution", (PER_PARAMETER, FLATTENED + FLATTENED))
+    with pytest.raises(AssertionError, match=r"the dp group's all-reduces carried \d+ bytes "
+                                             r"in 4 steps; each step averages each gradient "
+                                             r"once"):
+        ns["check_traces"](Layout(2, 1, 2))
