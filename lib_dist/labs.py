@@ -182,7 +182,7 @@ LABS: dict[str, Lab] = {
         ("lib_dist.comm.mesh:Mesh.__init__", "lib_dist.comm.mesh:coordinates",
          "lib_dist.comm.mesh:rank_of", "lib_dist.three_d.model:ThreeD.__init__",
          *(f"lib_dist.three_d.step:{name}" for name in (
-             "replica_batch", "three_d_step", "global_loss")),
+             "replica_batch", "average_over_replicas", "three_d_step", "global_loss")),
          "lib_dist.three_d.checkpoint:latest"),
         engines=True, preload=("torch._dynamo",)),
 }

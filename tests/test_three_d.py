@@ -49,8 +49,9 @@ def three_d_training(comm, layout: Layout, m: int):
     kinds = {name: sorted({e.kind for e in three_d.mesh[name].trace.events})
              for name in ("dp", "pp", "tp")}
     dp = three_d.mesh["dp"]
-    dp_all_reduces = sum(e.kind == "all_reduce" for e in dp.trace.of_rank(dp.rank))
-    return losses, kinds, (dp_all_reduces, len(three_d.parameters()))
+    dp_all_reduces = [e.nbytes for e in dp.trace.of_rank(dp.rank) if e.kind == "all_reduce"]
+    grad_bytes = sum(p.numel() * p.element_size() for p in three_d.parameters())
+    return losses, kinds, (dp_all_reduces, grad_bytes)
 
 
 @pytest.mark.parametrize("shape", [(2, 2, 2), (4, 1, 2), (2, 4, 1), (1, 2, 4), (8, 1, 1)])
@@ -59,7 +60,7 @@ def test_a_3d_parallel_gpt_has_one_process_loss_curve(shape):
     m = min(2, BATCH // layout.dp)
     want = one_process()
     results = SimulatedWorld(8, timeout=60).run(three_d_training, layout, m)
-    for rank, (losses, kinds, (dp_all_reduces, params)) in enumerate(results):
+    for rank, (losses, kinds, (dp_all_reduces, grad_bytes)) in enumerate(results):
         # float64: each loss a sum over at most a few thousand products of O(1) numbers
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want), rtol=0,
                                    atol=1e4 * EPS64, msg=f"{layout}, rank {rank}")
@@ -67,8 +68,9 @@ def test_a_3d_parallel_gpt_has_one_process_loss_curve(shape):
             assert "all_reduce" in kinds["tp"], kinds  # the blocks' f and g
         if layout.pp > 1:
             assert {"send", "recv"} & set(kinds["pp"]) or "isend" in kinds["pp"], kinds
-        # in dp, one all-reduce per gradient a step, and the loss's
-        assert dp_all_reduces == STEPS * (params + 1), (dp_all_reduces, params)
+        # in dp, a step's gradients flattened into one all-reduce (float64: one dtype), then
+        # the loss's (one float64)
+        assert dp_all_reduces == [grad_bytes, 8] * STEPS, (dp_all_reduces, grad_bytes)
     assert want[2] < want[0] and want[3] < want[1]  # it trains
 
 

@@ -17,6 +17,7 @@ group. Each kind of collective stays inside its own group.
 """
 
 from .model import Layout, ThreeD
-from .step import global_loss, replica_batch, three_d_step
+from .step import average_over_replicas, global_loss, replica_batch, three_d_step
 
-__all__ = ["Layout", "ThreeD", "global_loss", "replica_batch", "three_d_step"]
+__all__ = ["Layout", "ThreeD", "average_over_replicas", "global_loss", "replica_batch",
+           "three_d_step"]

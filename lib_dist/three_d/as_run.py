@@ -8,7 +8,8 @@ price (`price(..., as_run=True)`), without building the model.
   whole on every tp rank (its input and gradient are the same there), the embedding a lookup
   (no matmul FLOPs);
 - a layer's parameter tensors on one tp rank, in `ParallelBlock`'s split: the gradients
-  `three_d_step` all-reduces over dp one tensor at a time, after the pipeline has drained;
+  `three_d_step` all-reduces over dp, flattened into one all-reduce, after the pipeline has
+  drained;
 - the 1F1B timeline of stages whose forward and backward take different times, a message
   between stages leaving when both its send and its receive are posted (as the virtual
   clock, `lib_dist.comm.clock`, times it): each stage's finishing time, once its own sends

@@ -19,7 +19,8 @@ That is the step as a good program runs it. `price(..., as_run=True)` prices ins
 `three_d_step` runs (`as_run`): stages as unequal as `ThreeD` cuts them (balanced by
 parameters; the head whole on every tp rank), their 1F1B timeline, the all-reduce the ranks
 really run (`Machines.all_reduce`, measured, where given), and the gradients all-reduced over
-dp one tensor at a time after the pipeline drains, nothing hidden behind the backward pass.
+dp in one flattened all-reduce after the pipeline drains, nothing hidden behind the
+backward pass.
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ def priced_as_run(config: GPTConfig, layout: Layout, machines: Machines, m: int,
                   micro_batch: int, bytes_per_element: int) -> tuple[float, ...]:
     """(compute, bubble, tp, pp, dp) seconds of the step `three_d_step` runs: the stages'
     1F1B timeline priced three times, compute alone, with the blocks' tp all-reduces, with
-    the stage boundaries' messages, each adding its part; then each stage's gradient
-    all-reduces over dp one tensor at a time and the loss's two small all-reduces (pp, dp)."""
+    the stage boundaries' messages, each adding its part; then each stage's gradients
+    all-reduced over dp, flattened into one, and the loss's two small all-reduces (pp, dp)."""
     dp, pp, tp = layout.dp, layout.pp, layout.tp
     tokens, rate = micro_batch * config.block_size, machines.flops * machines.mfu
     kinds, bounds = run.layer_kinds(config), run.stage_bounds(config, pp)
@@ -166,8 +167,8 @@ def priced_as_run(config: GPTConfig, layout: Layout, machines: Machines, m: int,
 
     alone, with_tp = max(ends(False, 0.0)), max(ends(True, 0.0))
     full = ends(True, link(tp * pp, machines).cost(activation) if pp > 1 else 0.0)
-    gradients = [sum(all_reduce_time(dp, n * bytes_per_element, machines)
-                     for k in kinds[first:end] for n in run.layer_tensors(k, config, tp))
+    gradients = [all_reduce_time(dp, bytes_per_element * sum(  # one all-reduce, flattened
+        n for k in kinds[first:end] for n in run.layer_tensors(k, config, tp)), machines)
                  for first, end in bounds]
     loss = all_reduce_time(pp, 8, machines) + all_reduce_time(dp, 8, machines)
     step = max(e + g for e, g in zip(full, gradients)) + loss
