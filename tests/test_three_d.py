@@ -29,9 +29,10 @@ def batches(step: int, cycle: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def one_process(steps: int = STEPS, cycle: int = 2) -> list[float]:
-    """The losses of `steps` SGD steps of the whole GPT in one process, in float64."""
-    model = nn.Sequential(*gpt_layers(CONFIG, seed=0)).double()
+def one_process(steps: int = STEPS, cycle: int = 2,
+                dtype: torch.dtype = torch.float64) -> list[float]:
+    """The losses of `steps` SGD steps of the whole GPT in one process, in `dtype`."""
+    model = nn.Sequential(*gpt_layers(CONFIG, seed=0)).to(dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     losses = []
     for step in range(steps):
@@ -103,16 +104,7 @@ def test_a_float32_run_stays_on_one_process_curve(shape):
     a step, so over the run the differences add up at most linearly: RUN32 x 1e3 x eps32 x
     the loss bounds them (5.7e-3 here; this machine measured 3.6e-7 at (2,2,2))."""
     layout = Layout(*shape)
-    model = nn.Sequential(*gpt_layers(CONFIG, seed=0))  # float32
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    want = []
-    for step in range(RUN32):
-        optimizer.zero_grad()
-        x, y = batches(step, 4)
-        loss = next_token_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        want.append(loss.item())
+    want = one_process(RUN32, cycle=4, dtype=torch.float32)
     results = SimulatedWorld(8, timeout=60).run(float32_training, layout,
                                                 min(2, BATCH // layout.dp))
     atol = RUN32 * 1e3 * torch.finfo(torch.float32).eps * max(want)
