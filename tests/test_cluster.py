@@ -6,11 +6,12 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import alive, profile_files, wait_until_dead
+from conftest import alive, profile_files, wait_until_dead, wait_until_empty
 from lib_dist.cluster import Cluster, RankFailure, RankTimeout
 from lib_dist.patience import stretched
 
@@ -213,3 +214,30 @@ def test_a_function_that_cannot_be_sent_is_a_clear_error(cluster):
         cluster.run(holds_a_lock)
     with pytest.raises(TypeError, match="needs a function"):
         cluster.run(42)
+
+
+def test_a_controller_too_busy_to_answer_for_a_while_still_gets_every_engine(monkeypatch):
+    """On a loaded machine the controller may answer an engine's registration many seconds
+    late; ipyparallel's engines give up after 5 s by default ("Registration timed out"), and a
+    rank would be missing (seen in CI at load ~30: 3 of 4 engines)."""
+    import os
+    import signal
+
+    launch = Cluster._launch_engines
+
+    def launch_while_the_controller_is_frozen(self):
+        controller = self._ipp.controller.process.pid
+        connection = (Path(self._ipp.profile_dir) / "security"
+                      / f"ipcontroller-{self._ipp.cluster_id}-engine.json")
+        assert wait_until_empty(lambda: [] if connection.exists() else [1], within=60) == []
+        os.kill(controller, signal.SIGSTOP)  # as if starved of CPU by other programs
+        thaw = threading.Timer(15, os.kill, (controller, signal.SIGCONT))
+        thaw.start()
+        try:
+            launch(self)
+        finally:
+            thaw.join()
+
+    monkeypatch.setattr(Cluster, "_launch_engines", launch_while_the_controller_is_frozen)
+    with Cluster(2, timeout=20) as c:
+        assert [r[2] for r in c.run(rank_and_sum, 1.0)][0].tolist() == [0.0, 3.0, 6.0, 9.0, 12.0]

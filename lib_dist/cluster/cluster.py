@@ -79,8 +79,9 @@ class Cluster:
         self.trace = Trace()
         self.ranks: list[dict[str, Any]] = []  # by rank: engine id, host, pid, device
         self.backend: str | None = None
-        # On a busy machine the controller may hear an engine's first heartbeat (and an engine
-        # the controller's) minutes late: ipyparallel's 30 s and 35 s would drop them for good.
+        # On a busy machine the controller may answer an engine's registration, and hear its
+        # first heartbeat (and an engine the controller's), minutes late: ipyparallel's 5 s,
+        # 30 s and 35 s would drop them for good.
         patience = max(timeout, 60) * CAP
         self._ipp = ipp.Cluster(
             n=n, delay=0, shutdown_atexit=False, log_level=logging.ERROR,
@@ -93,7 +94,7 @@ class Cluster:
         # Every launcher reads these; a nanny process per engine would only slow start-up.
         self._ipp.config.EngineLauncher.engine_args = [
             "--log-level=WARN", "--IPEngine.enable_nanny=False",
-            f"--IPEngine.wait_for_url_file={patience:g}",
+            f"--IPEngine.wait_for_url_file={patience:g}", f"--IPEngine.timeout={patience:g}",
             f"--IPEngine.max_heartbeat_misses={patience * 1000 // (heartbeat_ms + 500):.0f}",
             "--IPEngine.startup_command=import lib_dist.cluster.engine"]
         self._client: ipp.Client | None = None
