@@ -217,9 +217,9 @@ def test_a_function_that_cannot_be_sent_is_a_clear_error(cluster):
 
 
 def test_a_controller_too_busy_to_answer_for_a_while_still_gets_every_engine(monkeypatch):
-    """On a loaded machine the controller may answer an engine's registration many seconds
-    late; ipyparallel's engines give up after 5 s by default ("Registration timed out"), and a
-    rank would be missing (seen in CI at load ~30: 3 of 4 engines)."""
+    """On a loaded machine the controller may answer an engine's registration, or the client's
+    connection, many seconds late; by default ipyparallel's engines give up after 5 s
+    ("Registration timed out"; seen in CI at load ~30: 3 of 4 engines) and its client after 10 s."""
     import os
     import signal
 
@@ -232,11 +232,8 @@ def test_a_controller_too_busy_to_answer_for_a_while_still_gets_every_engine(mon
         assert wait_until_empty(lambda: [] if connection.exists() else [1], within=60) == []
         os.kill(controller, signal.SIGSTOP)  # as if starved of CPU by other programs
         thaw = threading.Timer(15, os.kill, (controller, signal.SIGCONT))
-        thaw.start()
-        try:
-            launch(self)
-        finally:
-            thaw.join()
+        thaw.start()  # while the engines register and the client connects
+        launch(self)
 
     monkeypatch.setattr(Cluster, "_launch_engines", launch_while_the_controller_is_frozen)
     with Cluster(2, timeout=20) as c:

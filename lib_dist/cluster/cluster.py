@@ -79,10 +79,10 @@ class Cluster:
         self.trace = Trace()
         self.ranks: list[dict[str, Any]] = []  # by rank: engine id, host, pid, device
         self.backend: str | None = None
-        # On a busy machine the controller may answer an engine's registration, and hear its
-        # first heartbeat (and an engine the controller's), minutes late: ipyparallel's 5 s,
-        # 30 s and 35 s would drop them for good.
-        patience = max(timeout, 60) * CAP
+        # On a busy machine the controller may answer an engine's registration or the client's
+        # connection, and hear an engine's first heartbeat (and an engine the controller's),
+        # minutes late: ipyparallel's 5 s, 10 s, 30 s and 35 s would drop them for good.
+        self._patience = patience = max(timeout, 60) * CAP
         self._ipp = ipp.Cluster(
             n=n, delay=0, shutdown_atexit=False, log_level=logging.ERROR,
             controller_args=[f"--HeartMonitor.period={heartbeat_ms}",
@@ -115,7 +115,7 @@ class Cluster:
             self._watchdog.watch(self._ipp.controller)
             self._watchdog.delete_at_end(engine_list_file(self._ipp.controller))
             self._launch_engines()  # local ones import torch while the controller starts
-            self._client = self._ipp.connect_client_sync()
+            self._client = self._ipp.connect_client_sync(timeout=self._patience)
             self._join_engines(before=set())
         except BaseException:
             self.stop()
