@@ -36,11 +36,13 @@ from pathlib import Path
 import lib_dist
 from lib_dist.extend import LABS
 from lib_dist.integrity.stubs import resolve
+from lib_dist.stand_ins import KEPT, STAND_INS
 
 SOURCE = Path(lib_dist.__file__).resolve().parent
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 MARKER = Path("integrity") / "edition.py"
 STUDENT = "student"  # the student edition, among the editions' names
+LECTURES_KERNEL = "Python 3 (lib_dist lectures)"  # the kernel of the lecture edition (grader.lectures)
 
 
 def judged_edition(folder: Path, lab: str) -> Path:
@@ -75,6 +77,7 @@ def student_edition(folder: Path) -> Path:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    scratch.chmod(0o755)  # every student reads it (mkdtemp's folder is its owner's alone)
     _build(scratch / "lib_dist", judged=None)
     (scratch / "SOURCE_HASH").write_text(wanted)
     if folder.exists():
@@ -88,22 +91,25 @@ def student_edition(folder: Path) -> Path:
 def _build(target: Path, judged: str | None) -> None:
     """lib_dist copied to `target`: judged for the lab `judged` (its references stubbed, its
     oracles guarded on import), or the student edition (None: every lab's references stubbed)."""
-    shutil.copytree(SOURCE, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for path, names in _references_by_file([judged] if judged else sorted(LABS)).items():
+    shutil.copytree(SOURCE, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    kept = () if judged else KEPT  # the student edition's collectives run (comm.stand_ins)
+    for path, names in _references_by_file([judged] if judged else sorted(LABS), kept).items():
         copy = target / Path(path).relative_to(SOURCE)
-        copy.write_text(stubbed(Path(path).read_text(encoding="utf-8"), names), encoding="utf-8")
+        copy.write_text(stubbed(Path(path).read_text(encoding="utf-8"), names,
+                                student=judged is None), encoding="utf-8")
     what = ("The lab this copy of lib_dist is judged for (grader.edition)." if judged else
             "None: the student edition of lib_dist (grader.edition), no lab's references in it.")
     (target / MARKER).write_text(f'"""{what}"""\n\nLAB = {judged!r}\n', encoding="utf-8")
     compileall.compile_dir(target, quiet=2)
 
 
-def _references_by_file(labs: list[str]) -> dict[str, dict[str, tuple[str, str]]]:
-    """source file -> {qualified name of the definition: (dotted name, lab)} of each reference
-    of `labs`; one that several labs declare names the first of them."""
+def _references_by_file(labs: list[str], kept: tuple[str, ...] = ()
+                        ) -> dict[str, dict[str, tuple[str, str]]]:
+    """source file -> {qualified name of the definition: (reference, lab)} of each reference
+    of `labs` but those `kept`; one that several labs declare names the first of them."""
     found: dict[str, dict[str, tuple[str, str]]] = {}
     for lab in labs:
-        for reference in LABS[lab].references:
+        for reference in set(LABS[lab].references) - set(kept):
             function = resolve(reference)
             while not _inside_lib_dist(function.__code__) and hasattr(function, "__wrapped__"):
                 function = function.__wrapped__  # under a decorator of torch's (`@torch.no_grad()`)
@@ -111,7 +117,7 @@ def _references_by_file(labs: list[str]) -> dict[str, dict[str, tuple[str, str]]
             if not _inside_lib_dist(code):
                 raise ValueError(f"{reference} is defined in {code.co_filename}, outside lib_dist")
             found.setdefault(code.co_filename, {}).setdefault(
-                function.__qualname__, (reference.replace(":", "."), lab))
+                function.__qualname__, (reference, lab))
     return found
 
 
@@ -119,15 +125,19 @@ def _inside_lib_dist(code: types.CodeType) -> bool:
     return Path(code.co_filename).resolve().is_relative_to(SOURCE)
 
 
-def stubbed(source: str, names: dict[str, tuple[str, str]]) -> str:
+def stubbed(source: str, names: dict[str, tuple[str, str]], student: bool = False) -> str:
     """`source` with the body of each function whose qualified name is in `names` replaced by
-    a raise of AskedToWrite naming the lab that asks for it (`names`: qualname -> (dotted
-    name, lab))."""
+    a raise of AskedToWrite naming the lab that asks for it (`names`: qualname -> (reference,
+    lab)). `student`: the student edition's, whose message also says which kernel runs
+    lectures, and whose losses and collectives call their stand-ins (`lib_dist.stand_ins`)."""
     tree = ast.parse(source)
     done = set()
     for qualname, node in _definitions(tree.body, ""):
         if qualname in names:
-            node.body = _raising(*names[qualname])
+            reference, lab = names[qualname]
+            node.body = (_standing_in(STAND_INS[reference], node.args)
+                         if student and reference in STAND_INS
+                         else _raising(reference.replace(":", "."), lab, student))
             done.add(qualname)
     if missing := set(names) - done:
         raise ValueError(f"no definition of {sorted(missing)} in the source")
@@ -148,9 +158,23 @@ def _definitions(body: list[ast.stmt], prefix: str) -> Iterator[tuple[str, Funct
             yield from _definitions([*node.body, *getattr(node, "orelse", [])], prefix)
 
 
-def _raising(dotted: str, lab: str) -> list[ast.stmt]:
+def _standing_in(target: str, args: ast.arguments) -> list[ast.stmt]:
+    """`return <target, "module:name">(<the function's own arguments>)`."""
+    module, name = target.split(":")
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    passed = positional + ([f"*{args.vararg.arg}"] if args.vararg else [])
+    passed += [f"{a.arg}={a.arg}" for a in args.kwonlyargs]
+    passed += [f"**{args.kwarg.arg}"] if args.kwarg else []
+    return ast.parse(f"return __import__({module!r}, fromlist=[{name!r}])"
+                     f".{name}({', '.join(passed)})").body
+
+
+def _raising(dotted: str, lab: str, lectures_hint: bool) -> list[ast.stmt]:
     message = (f"{lab} asks you to write this yourself: {dotted} is lib_dist's own version, "
                f"which is not part of the lab")
+    if lectures_hint:  # a lecture run in the labs' kernel stops here
+        message += (f" (running a lecture? Choose the kernel '{LECTURES_KERNEL}', "
+                    "which runs lib_dist's own)")
     return ast.parse(f"raise __import__('lib_dist.integrity.stubs', fromlist=['AskedToWrite'])"
                      f".AskedToWrite({message!r})").body
 
