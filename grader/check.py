@@ -22,7 +22,7 @@ def check(course: Course, progress: bool = True) -> list[str]:
         scratch = Course(Path(tmp), db_url=f"sqlite:///{tmp}/gradebook.db",
                          cell_timeout=course.cell_timeout)
         shutil.copytree(course.solutions, scratch.solutions)
-        labs = release(scratch)
+        labs = release(scratch, lectures=False)
         problems += _compare_releases(course, scratch, labs)
         subs = [Submission("solution", lab, course.source_notebook(lab)) for lab in labs]
         subs += [Submission("release", lab, scratch.released_notebook(lab)) for lab in labs]
@@ -59,7 +59,7 @@ def _compare_releases(course: Course, scratch: Course, labs: list[str]) -> list[
                 problems.append(f"labs/{lab}/{rel} differs from its release: run "
                                 f"`python -m grader release {lab}`")
     extra = ({p.name for p in course.labs.iterdir() if p.is_dir()} - set(labs)
-             - {course.student_edition.name})  # release builds it there (not in git)
+             - {course.student_edition.name, course.lecture_edition.name})  # release's, not git's
     problems += [f"labs/{name} has no source in solutions/" for name in sorted(extra)]
     return problems
 

@@ -72,6 +72,11 @@ class Course:
         """Where `release` builds the student edition of lib_dist (`grader.edition`)."""
         return self.labs / "student_edition"
 
+    @property
+    def lecture_edition(self) -> Path:
+        """Where `release` puts the lecture edition of lib_dist (`grader.lectures`)."""
+        return self.labs / "lecture_edition"
+
     def lab_names(self) -> list[str]:
         """Every lab: a folder of solutions/ holding a notebook of the same name."""
         return sorted(p.parent.name for p in self.solutions.glob("*/*.ipynb")

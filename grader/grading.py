@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from .course import Course
 from .edition import student_edition
+from .lectures import lecture_edition
 from .errors import GradingError
 from .pool import grade_at_once
 from .processes import become_subreaper, descendants, sweep
@@ -25,8 +26,9 @@ from .tuner_cache import prepare as prepare_tuner_cache
 warnings.filterwarnings("ignore", category=SAWarning)
 
 
-def release(course: Course, labs: list[str] | None = None) -> list[str]:
-    """Generate labs/<lab>/ from solutions/<lab>/ for each lab (default: all)."""
+def release(course: Course, labs: list[str] | None = None, lectures: bool = True) -> list[str]:
+    """Generate labs/<lab>/ from solutions/<lab>/ for each lab (default: all), and the
+    editions of lib_dist students get (`lectures=False`: only the student edition)."""
     labs = labs or course.lab_names()
     for lab in labs:
         course.check_lab(lab)
@@ -37,6 +39,8 @@ def release(course: Course, labs: list[str] | None = None) -> list[str]:
             raise GradingError(f"nbgrader could not release {lab}:\n{result.get('error', '')}"
                                f"\n{result.get('log', '')}")
     student_edition(course.student_edition)  # lib_dist without the answers, for students
+    if lectures:
+        lecture_edition(course.lecture_edition)  # the answers compiled, for lectures
     return labs
 
 
@@ -82,7 +86,7 @@ def autograde(course: Course, submissions: list[Submission], progress: bool = Tr
         if progress:
             print(f"[grader] {lab} is not in the gradebook yet: releasing it from solutions/ "
                   f"first (python -m grader release {lab})")
-        release(course, [lab])
+        release(course, [lab], lectures=False)
     bar = tqdm(total=len(submissions), desc="autograde", unit="submission",
                disable=not progress)
     with bar:

@@ -104,5 +104,5 @@ def course_with_lab(root, lab: str, **options):
 
     course = Course(root, **options)
     shutil.copytree(REPO / "solutions" / lab, course.solutions / lab)
-    release(course, [lab])
+    release(course, [lab], lectures=False)
     return course

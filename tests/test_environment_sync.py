@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # PyPI name -> conda-forge name, where they differ (normalised form).
 CONDA_NAMES = {"torch": "pytorch"}
 # Conda-only entries that have no pyproject counterpart.
-CONDA_ONLY = {"python", "pip"}
+CONDA_ONLY = {"python", "pip", "c-compiler"}  # c-compiler: what pip takes from the system
 
 
 def normalise(name: str) -> str:
