@@ -13,6 +13,8 @@ Settings from the environment (defaults for a class on this machine):
     LIB_DIST_STUDENTS       comma-separated unix users who may log in as students
     LIB_DIST_INSTRUCTOR     the instructor's unix user (an admin of the hub)
     LIB_DIST_PROXY          the configurable-http-proxy command (`make hub-tool` installs it)
+    LIB_DIST_LABS           the released labs folder, where `python -m grader release` built the
+                            editions of lib_dist students import (this kit's labs/)
 
 What a real deployment changes: an authenticator for the university's accounts (LTI from the
 learning platform with `ltiauthenticator`, or OAuth with `oauthenticator`) instead of PAM, and
@@ -49,11 +51,16 @@ c.Authenticator.allowed_users = STUDENTS | {INSTRUCTOR}
 c.Authenticator.admin_users = {INSTRUCTOR}
 
 # The single-user servers: this environment's JupyterLab, nbgrader's settings from deploy/jupyter.
+# Students' kernels import the student edition of lib_dist (the labs' answers are stubs); the
+# lecture edition (answers compiled, no source) comes with its own kernel, found on JUPYTER_PATH.
+LABS = Path(os.environ.get("LIB_DIST_LABS", HERE.parent / "labs"))
 c.Spawner.cmd = [str(Path(sys.prefix) / "bin" / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
 c.Spawner.notebook_dir = "~"
 c.Spawner.environment = {
     "JUPYTER_CONFIG_PATH": str(HERE / "jupyter"),
+    "PYTHONPATH": str(LABS / "student_edition"),
+    "JUPYTER_PATH": str(LABS / "lecture_edition" / "share" / "jupyter"),
     "PATH": f"{Path(sys.prefix) / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",  # alembic, ...
     **{
     name: os.environ[name] for name in ("LIB_DIST_EXCHANGE", "LIB_DIST_COURSE_ID")

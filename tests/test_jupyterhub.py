@@ -10,13 +10,16 @@ their own user. Then the whole cycle: alice pastes every answer, bob the first o
 the notebook, saves and submits from the Assignments page; the instructor collects with
 nbgrader, autogrades with the grader (in its sandbox, as the instructor's unix user), writes the
 feedback and releases it; each student fetches their feedback and reads their own score
-(alice 13 / 13, bob less), and cannot open the other's. A hub that cannot start says why in one
+(alice 13 / 13, bob less), and cannot open the other's. Students' kernels import the student
+edition of lib_dist, and their JupyterLab lists the lectures' kernel, on the lecture edition. A hub that cannot start says why in one
 line. The test creates its users and exchange and removes
 them, and stops every server it started.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import pwd
 import secrets
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from grader.lectures import lecture_edition
 from browser import chromium, wait_for_kernel, write_lab_settings
 from local_servers import free_port, wait_until_answering
 
@@ -99,9 +103,13 @@ def hub(tmp_path_factory):
         shutil.copytree(REPO / "solutions" / LAB, course / "solutions" / LAB)
         shutil.copy(DEPLOY / "instructor_nbgrader_config.py", course / "nbgrader_config.py")
         subprocess.run(["chown", "-R", f"{INSTRUCTOR}:", str(course)], check=True)
+        lecture_edition(root / "lecture_edition")  # its build in the cache the release copies
+        env["LIB_DIST_LABS"] = str(course / "labs")  # the editions students import
         released = as_user(INSTRUCTOR, f"cd {course} && {sys.executable} -m grader --root . "
                                         f"release && nbgrader release_assignment {LAB}", env)
         assert "Released as: lib_dist lab00_ranks" in released, released
+        modes |= traversable([course / "labs" / "student_edition",
+                              course / "labs" / "lecture_edition"])
         for student in STUDENTS:
             jupyter = Path(pwd.getpwnam(student).pw_dir) / ".jupyter"
             write_lab_settings(jupyter / "lab" / "user-settings")
@@ -166,6 +174,44 @@ def test_a_student_logs_in_and_fetches_the_released_lab(hub, browser, student):
     servers = subprocess.run(["pgrep", "-u", student, "-f", "jupyterhub-singleuser"],
                              capture_output=True, text=True).stdout.split()
     assert servers, f"no single-user server runs as {student}"
+
+
+def server_environment(student: str) -> dict[str, str]:
+    """The environment of `student`'s single-user server: what their kernels inherit."""
+    pid = subprocess.run(["pgrep", "-u", student, "-f", "jupyterhub-singleuser"],
+                         capture_output=True, text=True).stdout.split()[0]
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
+
+
+def test_students_kernels_import_the_student_edition_and_lectures_have_their_own(hub, browser):
+    student = STUDENTS[0]
+    if not subprocess.run(["pgrep", "-u", student, "-f", "jupyterhub-singleuser"]).returncode == 0:
+        log_in(browser, hub, student).close()  # starts their server
+    env = server_environment(student)
+    labs = hub["course"] / "labs"
+    assert env["PYTHONPATH"] == str(labs / "student_edition")
+    # a student's own kernel: lib_dist without the answers, a stub naming the lab
+    tried = subprocess.run(
+        ["su", student, "-s", "/bin/sh", "-c", f"cd && {sys.executable} -c 'import lib_dist; "
+         "print(lib_dist.__file__); from lib_dist.pipeline import balanced_bounds; "
+         "balanced_bounds([1.0, 2.0], 2)'"],  # in their home, as a kernel of theirs runs
+        env=env, capture_output=True, text=True, timeout=120)
+    assert tried.stdout.startswith(str(labs / "student_edition" / "lib_dist")), tried.stderr
+    assert "lab05_pipeline asks you to write this yourself" in tried.stderr
+    assert "Python 3 (lib_dist lectures)" in tried.stderr  # where lectures run
+    # the lectures' kernel, as JupyterLab lists it for the student
+    specs = json.loads(as_user(student, "jupyter kernelspec list --json", env))["kernelspecs"]
+    spec = specs["lib_dist-lectures"]["spec"]
+    assert spec["display_name"] == "Python 3 (lib_dist lectures)"
+    lecture = subprocess.run(
+        ["su", student, "-s", "/bin/sh", "-c", f"cd && {spec['argv'][0]} -c 'import torch; "
+         "import lib_dist.losses as l; print(l.__file__); "
+         "print(float(l.cross_entropy(torch.zeros(3, 4), torch.tensor([0, 1, 2]))))'"],
+        env=env | spec["env"], capture_output=True, text=True, timeout=120)
+    where, loss = lecture.stdout.split()
+    assert where.startswith(str(labs / "lecture_edition")) and where.endswith(".so"), lecture.stderr
+    assert abs(float(loss) - math.log(4)) < 1e-6  # four equal logits: log 4, compiled
 
 
 def test_a_hub_that_cannot_start_says_why_in_one_line(hub, tmp_path):

@@ -57,7 +57,9 @@ READ_SOLUTIONS = square_attacking(f"""
 from pathlib import Path
 here = Path.cwd()
 course = here.parents[3]
-targets = [Path({str(REPO)!r}) / "solutions", course / "solutions", course / "instructor"]
+repo = Path({str(REPO)!r})
+targets = [repo / "solutions", course / "solutions", course / "instructor",
+           repo / "labs" / "lecture_edition", repo / "build" / "editions"]  # compiled answers
 found = [str(p) for t in targets for p in t.rglob("*") if p.is_file() and here not in p.parents]
 print("FOUND", found)
 """)
