@@ -30,10 +30,11 @@ import torch
 
 from ..comm import Trace
 from ..errors import RankFailure, RankTimeout
-from ..patience import CAP, stretched, wait_for_count
+from ..patience import CAP, stretched
 from . import engine
+from .arrivals import end_stragglers, start_more, wait_for_engines
 from .launchers import (ForkedEngineSetLauncher, StandbyControllerLauncher, engine_hosts,
-                        engine_list_file, every_launcher)
+                        engine_list_file)
 from .outcome import breaks_the_group, collect, failed_in_communication, whereabouts
 from .placement import assign_devices, check_gpus
 from .reaper import Watchdog, kill_now, running
@@ -230,31 +231,28 @@ class Cluster:
         return found
 
     def _launch_engines(self) -> None:
-        self._ipp.start_engines_sync(self.n)
-        for launcher in every_launcher(self._ipp.engines.values()):
-            self._watchdog.watch(launcher)
+        start_more(self._ipp, self._watchdog, self.n)
 
     def _join_engines(self, before: set[int]) -> None:
-        """Wait for the engines launched (those not in `before`), describe them, give each a
-        rank and a device, and join them into one group."""
-        ids = self._wait_for_new_engines(before)
+        """Wait for the engines launched (those not in `before`), longer on a busy machine,
+        stragglers replaced (`arrivals`); describe them, give each a rank and a device, and
+        join them into one group. A TimeoutError says how many came, after how long, the load."""
+        replaced = wait_for_engines(
+            lambda: len(set(self.client.ids) - before), self.n, max(self.timeout, 60),
+            lambda count: start_more(self._ipp, self._watchdog, count),
+            lambda: f"engine output:\n{self._engine_output()}")
+        ids = sorted(set(self.client.ids) - before)[: self.n]
         infos = self.client[ids].apply_async(engine.describe).get(stretched(self.timeout))
         self.ranks = [dict(info, engine=eid) for eid, info in zip(ids, infos)]
         for info in self.ranks:
             if info["host"] == self.ranks[0]["host"]:
                 self._watchdog.watch_pid(info["pid"])
         assign_devices(self.ranks, self.device)
+        if replaced:
+            end_stragglers(self._ipp, self.ranks)
         self._join_group()
         self.view.use_cloudpickle()
         self._activate_px()
-
-    def _wait_for_new_engines(self, before: set[int]) -> list[int]:
-        """The ids of the `n` engines registered since `before`, waiting longer on a busy
-        machine (`patience`): a TimeoutError says how many came, after how long, the load."""
-        wait_for_count(lambda: len(set(self.client.ids) - before), self.n, max(self.timeout, 60),
-                       "engines registered with the controller",
-                       lambda: f"engine output:\n{self._engine_output()}")
-        return sorted(set(self.client.ids) - before)[: self.n]
 
     def _join_group(self) -> None:
         rank0 = self.ranks[0]
