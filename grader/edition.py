@@ -18,7 +18,8 @@ oracles when it is imported, in the judge and on every engine (`lib_dist/__init_
 The student edition (`student_edition`, built by `python -m grader release` into
 `labs/student_edition/`) is the same copy with every lab's references stubbed at once, each
 naming the first lab that asks for it, and no oracle guarded: what a student's environment
-is to import, so that opening lib_dist's source shows no answer (README: what it still lacks).
+is to import, so that opening lib_dist's source shows no answer. Where every lab calls a
+reference (lab01's losses, lab03's collectives), it calls a stand-in (`lib_dist.stand_ins`).
 """
 
 from __future__ import annotations
@@ -53,17 +54,41 @@ def judged_edition(folder: Path, lab: str) -> Path:
     home = Path(folder) / f"{lab}-{_fingerprint(lab)}"
     if (home / "lib_dist" / MARKER).is_file():
         return home
-    home.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{lab}-", dir=home.parent))
+    scratch = scratch_beside(home)
     _build(scratch / "lib_dist", judged=lab)
+    return publish(scratch, home, family=lab)
+
+
+def scratch_beside(folder: Path) -> Path:
+    """A new empty folder beside `folder`, readable by everyone (mkdtemp's are its owner's
+    alone): editions are read by students and by other users' releases."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    scratch.chmod(0o755)
+    return scratch
+
+
+def publish(scratch: Path, home: Path, family: str) -> Path:
+    """`scratch`, built, renamed to `home` (atomic: builders working at once each build, one
+    wins), and the other builds of `family` beside it (from an older lib_dist) removed."""
     try:
-        os.rename(scratch, home)  # atomic: graders working at once each build, one wins
+        os.rename(scratch, home)
     except OSError:
         shutil.rmtree(scratch, ignore_errors=True)
-    for stale in home.parent.glob(f"{lab}-*"):  # built from an older lib_dist
-        if stale != home and not stale.name.startswith("."):
+    for stale in home.parent.glob(f"{family}-*"):
+        if stale != home:
             shutil.rmtree(stale, ignore_errors=True)
     return home
+
+
+def replace(folder: Path, new: Path) -> Path:
+    """Put the folder `new` where `folder` is, moving the old one aside first."""
+    if folder.exists():
+        stale = Path(tempfile.mkdtemp(prefix=f".{folder.name}-stale-", dir=folder.parent))
+        os.rename(folder, stale / folder.name)
+        shutil.rmtree(stale, ignore_errors=True)
+    os.rename(new, folder)
+    return folder
 
 
 def student_edition(folder: Path) -> Path:
@@ -75,17 +100,10 @@ def student_edition(folder: Path) -> Path:
     stamp, wanted = folder / "SOURCE_HASH", _fingerprint(STUDENT)
     if stamp.is_file() and stamp.read_text() == wanted and (folder / "lib_dist" / MARKER).is_file():
         return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    scratch.chmod(0o755)  # every student reads it (mkdtemp's folder is its owner's alone)
+    scratch = scratch_beside(folder)
     _build(scratch / "lib_dist", judged=None)
     (scratch / "SOURCE_HASH").write_text(wanted)
-    if folder.exists():
-        stale = Path(tempfile.mkdtemp(prefix=f".{folder.name}-stale-", dir=folder.parent))
-        os.rename(folder, stale / folder.name)
-        shutil.rmtree(stale, ignore_errors=True)
-    os.rename(scratch, folder)
-    return folder
+    return replace(folder, scratch)
 
 
 def _build(target: Path, judged: str | None) -> None:

@@ -26,13 +26,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from lib_dist.extend import LABS
 
 from .course import REPO
-from .edition import LECTURES_KERNEL, MARKER, SOURCE, _fingerprint, _references_by_file
+from .edition import (LECTURES_KERNEL, MARKER, SOURCE, _fingerprint, _references_by_file,
+                      publish, replace, scratch_beside)
 
 LECTURES = "lectures"  # the lecture edition, among the editions' names
 # Its kernel, in the edition: a folder for JUPYTER_PATH (deploy/), or `jupyter kernelspec install`
@@ -49,14 +49,10 @@ def lecture_edition(folder: Path) -> Path:
     stamp, wanted = folder / "SOURCE_HASH", _fingerprint(LECTURES)
     if stamp.is_file() and stamp.read_text() == wanted:
         return folder
-    built = _cached_build(wanted)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    scratch.chmod(0o755)  # every student reads it
-    shutil.copytree(built, scratch, dirs_exist_ok=True)
+    scratch = scratch_beside(folder)
+    shutil.copytree(_cached_build(wanted), scratch, dirs_exist_ok=True)
     _write_kernel(scratch / KERNELS / KERNEL, folder)
-    _replace(folder, scratch)
-    return folder
+    return replace(folder, scratch)
 
 
 def _write_kernel(where: Path, edition: Path) -> None:
@@ -79,19 +75,10 @@ def _cached_build(fingerprint: str) -> Path:
     home = cache / f"{LECTURES}-{fingerprint}"
     if (home / "SOURCE_HASH").is_file():
         return home
-    cache.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{LECTURES}-", dir=cache))
-    scratch.chmod(0o755)  # releases by other users (the hub's instructor) copy it
+    scratch = scratch_beside(home)  # releases by other users (the hub's instructor) copy it
     _build(scratch / "lib_dist")
     (scratch / "SOURCE_HASH").write_text(fingerprint)
-    try:
-        os.rename(scratch, home)  # atomic: two releases at once each build, one wins
-    except OSError:
-        shutil.rmtree(scratch, ignore_errors=True)
-    for stale in cache.glob(f"{LECTURES}-*"):  # built from an older lib_dist
-        if stale != home:
-            shutil.rmtree(stale, ignore_errors=True)
-    return home
+    return publish(scratch, home, family=LECTURES)
 
 
 def _build(target: Path) -> None:
@@ -120,11 +107,3 @@ def _cythonize(root: Path, sources: list[Path]) -> None:
                            f"edition (a C compiler is needed: gcc or clang):\n"
                            f"{(done.stdout + done.stderr)[-4000:]}")
 
-
-def _replace(folder: Path, new: Path) -> None:
-    """Put `new` where `folder` is, moving the old one aside first."""
-    if folder.exists():
-        stale = Path(tempfile.mkdtemp(prefix=f".{folder.name}-stale-", dir=folder.parent))
-        os.rename(folder, stale / folder.name)
-        shutil.rmtree(stale, ignore_errors=True)
-    os.rename(new, folder)

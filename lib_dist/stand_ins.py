@@ -8,9 +8,9 @@ one that is not the lab's answer:
 
 - the losses: torch's own (`F.cross_entropy`...), which lab01's graded run does not let an
   answer call (its oracle guard);
-- the collectives: `lib_dist.comm.stand_ins`, on simulated ranks each one a recursive-doubling
-  all-reduce (an algorithm lab03 does not ask for), on engines torch.distributed's own (`KEPT`:
-  those bodies are one call of it each, kept as they are).
+- the collectives: `lib_dist.comm.stand_ins`, on simulated ranks by Bruck's rounds (not lab03's
+  direct sends or ring), on engines torch.distributed's own (`KEPT`: those bodies are one call
+  of it each, kept as they are).
 
 Until a student registers their own answers (`lib_dist.registry.use_my_answers`), these are
 what lib_dist runs in their kernel.

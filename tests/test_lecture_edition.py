@@ -16,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from nbclient import NotebookClient
 
 from grader.edition import SOURCE
@@ -71,14 +72,8 @@ def test_the_references_run_compiled_and_show_no_source(home):
     assert child.returncode == 0, child.stderr
     lines = child.stdout.splitlines()
     assert lines[0] == "LAB None True True"
-    assert float(lines[1].split()[1]) <= 8 * torch_eps64()  # a sum of 7 exps, then a log
+    assert float(lines[1].split()[1]) <= 8 * torch.finfo(torch.float64).eps  # 7 exps, a log
     assert lines[2].startswith("no source:")
-
-
-def torch_eps64() -> float:
-    import torch
-
-    return torch.finfo(torch.float64).eps
 
 
 # The lectures that run the most compiled modules in two minutes: pipeline schedules and p2p,

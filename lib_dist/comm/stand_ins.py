@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .point_to_point import chunk_bounds, wait_all
+from .algorithms import _exchange
+from .point_to_point import chunk_bounds
 
 if TYPE_CHECKING:
     from .base import Communicator, ReduceOp
@@ -104,7 +105,7 @@ def _bruck_gather(comm: Communicator, held: list[torch.Tensor], sizes: list[int]
         incoming = [(r + d + i) % n for i in range(count)]
         got = torch.empty(sum(sizes[b] for b in incoming), dtype=held[0].dtype,
                           device=held[0].device)
-        _swap(comm, torch.cat(held[:count]), (r - d) % n, got, (r + d) % n)
+        _exchange(comm, torch.cat(held[:count]), (r - d) % n, got, (r + d) % n)
         held += list(got.split([sizes[b] for b in incoming]))
     return held[n - r:] + held[: n - r]  # rank r's list starts at block r: rotate to block 0
 
@@ -121,16 +122,9 @@ def _bruck_scatter(comm: Communicator, flat: torch.Tensor) -> torch.Tensor:
         out = torch.cat(partial[d: d + count])  # blocks r+d.., rank r+d's first ones
         got = torch.empty(sum(p.numel() for p in partial[:count]), dtype=flat.dtype,
                           device=flat.device)
-        _swap(comm, out, (r + d) % n, got, (r - d) % n)
+        _exchange(comm, out, (r + d) % n, got, (r - d) % n)
         for p, add in zip(partial[:count], got.split([p.numel() for p in partial[:count]])):
             p += add
         partial = partial[:d]
     return partial[0]
 
-
-def _swap(comm: Communicator, out: torch.Tensor, dst: int, into: torch.Tensor, src: int) -> None:
-    """Send `out` to dst while receiving `into` from src; empty tensors are not sent."""
-    handles = [comm.irecv(into, src)] if into.numel() else []
-    if out.numel():
-        handles.append(comm.isend(out, dst))
-    wait_all(handles)
