@@ -117,7 +117,8 @@ def _build(target: Path, judged: str | None) -> None:
                                 student=judged is None), encoding="utf-8")
     what = ("The lab this copy of lib_dist is judged for (grader.edition)." if judged else
             "None: the student edition of lib_dist (grader.edition), no lab's references in it.")
-    (target / MARKER).write_text(f'"""{what}"""\n\nLAB = {judged!r}\n', encoding="utf-8")
+    (target / MARKER).write_text(f'"""{what}"""\n\nLAB = {judged!r}\nSTUDENT = {judged is None}\n',
+                                 encoding="utf-8")
     compileall.compile_dir(target, quiet=2)
 
 

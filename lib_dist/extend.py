@@ -185,7 +185,11 @@ Students' answers as lib_dist's own
 `lib_dist.registry.use_my_answers(labs folder)` loads a student's answers with `definitions` and
 makes them what lib_dist uses in that process: lab03's `ring_all_reduce` becomes
 `comm.all_reduce(t, op, algorithm="mine")`, lab04's `ShardSampler` and `DataParallel` replace
-`lib_dist.data_parallel`'s (`implementation(name)`); a missing one names the lab that writes it.
+`lib_dist.data_parallel`'s (`implementation(name)`), lab05's `split_model` and
+`one_f_one_b_step` and lab06's `ParallelMLP` and `ParallelAttention` (which module 6's
+`ParallelBlock` is built of) likewise; a missing one names the lab that writes it. Labs 10 and
+11 take those with `earlier_answers("..", *names)`: lib_dist's reference, or in the student
+edition (no references) the student's own.
 `Lab.uses`: what a graded lab takes from the student's earlier labs under `autograde
 --own-answers` (by default, the reference).
 """

@@ -92,7 +92,7 @@ LABS: dict[str, Lab] = {
             "VocabParallelCrossEntropy") for method in ("forward", "backward")),
          *(f"lib_dist.tensor_parallel:{cls}.{method}" for cls in (
              "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelAttention",
-             "ParallelBlock", "VocabParallelEmbedding", "TensorParallelGPT")
+             "VocabParallelEmbedding", "TensorParallelGPT")
            for method in ("__init__", "forward")),
          *(f"lib_dist.tensor_parallel:{name}" for name in (
              "copy_to_ranks", "reduce_from_ranks", "gather_from_ranks", "linear_overlapped",
@@ -175,7 +175,7 @@ LABS: dict[str, Lab] = {
              "sync_replicated_gradients"))),
         oracles=("torch.nn.functional:scaled_dot_product_attention",
                  "lib_dist.tensor_parallel:ParallelBlock", "lib_dist.experts.moe:MoE"),
-        engines=True, preload=("torch._dynamo",)),
+        engines=True, preload=("torch._dynamo",), uses=("ParallelAttention", "ParallelMLP")),
     "lab11_capstone": Lab(
         ("coordinates_of", "mesh_groups", "replica_share", "average_over_replicas",
          "global_loss", "three_d_step", "latest_complete", "train"),
@@ -184,7 +184,8 @@ LABS: dict[str, Lab] = {
          *(f"lib_dist.three_d.step:{name}" for name in (
              "replica_batch", "average_over_replicas", "three_d_step", "global_loss")),
          "lib_dist.three_d.checkpoint:latest"),
-        engines=True, preload=("torch._dynamo",)),
+        engines=True, preload=("torch._dynamo",),
+        uses=("split_model", "one_f_one_b_step", "ParallelAttention", "ParallelMLP")),
 }
 
 

@@ -14,9 +14,15 @@ runs) and registers it: `ring_all_reduce` as the all-reduce algorithm named "min
 lib_dist's own (`lib_dist.comm.algorithms.ALGORITHMS`); a class or function as the
 implementation of its name, which `implementation(name)` returns (lib_dist's reference where
 none is registered) and which replaces lib_dist's in the modules that export it (`HOMES`: a
-later `from lib_dist.data_parallel import DataParallel`, as modules 07 and 09 do, gets it).
+later `from lib_dist.data_parallel import DataParallel`, as modules 07 and 09 do, gets it;
+lab05's `split_model` and `one_f_one_b_step` and lab06's `ParallelMLP` and `ParallelAttention`
+likewise, which module 6's `ParallelBlock` is built of).
 A missing answer (no notebook, the name undefined or unanswered) raises `MissingAnswer`, naming
 the lab and the notebook that writes it. `forget()` undoes it all.
+
+A later lab takes the earlier answers it builds on with `earlier_answers("..", *names)`: lib_dist's
+reference, or the student's where registered; in the student edition (`lib_dist/integrity/
+edition.py`: STUDENT), which has no reference, the student's own, loaded from their notebooks.
 
 The grader's judge registers a student's earlier answers the same way, with `register`, when
 the instructor grades with `python -m grader autograde --own-answers` (`Lab.uses` in
@@ -39,6 +45,10 @@ HOMES: dict[str, str] = {
     "ring_all_reduce": "lib_dist.comm.algorithms:ring",
     "ShardSampler": "lib_dist.data_parallel:ShardSampler",
     "DataParallel": "lib_dist.data_parallel:DataParallel",
+    "split_model": "lib_dist.pipeline:split_model",
+    "one_f_one_b_step": "lib_dist.pipeline:one_f_one_b_step",
+    "ParallelMLP": "lib_dist.tensor_parallel:ParallelMLP",
+    "ParallelAttention": "lib_dist.tensor_parallel:ParallelAttention",
 }
 MINE = "mine"  # the name of the student's all-reduce among the algorithms
 ALL_REDUCE_ANSWERS = ("ring_all_reduce",)  # answers that are all-reduce algorithms
@@ -149,20 +159,50 @@ def notebook_for(lab: str, where: str | Path | Iterable[str | Path]) -> Path | N
     return None
 
 
-def load_answer(name: str, where: str | Path | Iterable[str | Path]) -> Any:
-    """`name` as the student's lab notebook in `where` defines it; `MissingAnswer` if not."""
+def load_answer(names: str | list[str], where: str | Path | Iterable[str | Path]) -> Any:
+    """`names` (of one lab) as the student's lab notebook in `where` defines them, loaded
+    together: a dict, or the value where `names` is one name; `MissingAnswer` if not there."""
     from .definitions import definitions
 
-    lab = lab_of(name)
+    wanted = [names] if isinstance(names, str) else names
+    said = ", ".join(wanted) + (" is" if len(wanted) == 1 else " are")
+    lab = lab_of(wanted[0])
     notebook = notebook_for(lab, where)
     if notebook is None:
-        raise MissingAnswer(f"{name} is written in {lab} ({lab}/{lab}.ipynb), and {where} holds "
+        raise MissingAnswer(f"{said} written in {lab} ({lab}/{lab}.ipynb), and {where} holds "
                             f"no {lab}.ipynb: do {lab} first, or point use_my_answers at it")
     try:
-        return definitions(notebook, name)[name]
+        found = definitions(notebook, *wanted)
     except LookupError as e:
-        raise MissingAnswer(f"{name} is written in {lab} ({notebook}), which does not answer "
+        raise MissingAnswer(f"{said} written in {lab} ({notebook}), which does not answer "
                             f"it yet: {e}") from None
+    return found[names] if isinstance(names, str) else {name: found[name] for name in wanted}
+
+
+def earlier_answers(where: str | Path | Iterable[str | Path], *names: str) -> tuple[Any, ...]:
+    """What a lab runs for `names`, earlier labs' answers it builds on, in order: the student's
+    where registered (`use_my_answers`, or the judge's `--own-answers`), else lib_dist's
+    reference; in the student edition, which has none, the student's own from their notebooks
+    in `where`, registered from then on (`MissingAnswer` names the lab still to do)."""
+    from .integrity.edition import STUDENT
+
+    missing = [name for name in names if name not in _implementations]
+    if STUDENT and missing:
+        use_my_answers(where, *missing)
+    return tuple(implementation(name) for name in names)
+
+
+def load_answers(names: Iterable[str], where: str | Path | Iterable[str | Path]
+                 ) -> dict[str, Any]:
+    """`names` as the student's lab notebooks in `where` define them, each lab's names loaded
+    together (so that lab06's ParallelAttention and ParallelMLP share its ColumnParallelLinear)."""
+    by_lab: dict[str, list[str]] = {}
+    for name in names:
+        by_lab.setdefault(lab_of(name), []).append(name)
+    loaded: dict[str, Any] = {}
+    for lab, wanted in by_lab.items():
+        loaded.update(load_answer(wanted, where))
+    return loaded
 
 
 def use_my_answers(where: str | Path | Iterable[str | Path], *names: str,
@@ -171,7 +211,7 @@ def use_my_answers(where: str | Path | Iterable[str | Path], *names: str,
     `where` and make them what lib_dist uses from now on in this process (module docstring).
     All are loaded before any is registered: a `MissingAnswer` leaves lib_dist as it was.
     `default_all_reduce`: the student's ring also becomes `all_reduce`'s default."""
-    loaded = {name: load_answer(name, where) for name in (names or tuple(HOMES))}
+    loaded = load_answers(names or tuple(HOMES), where)
     for name, value in loaded.items():
         register(name, value)
         if name in HOMES and name not in ALL_REDUCE_ANSWERS:
@@ -198,6 +238,7 @@ def forget() -> None:
 
 
 
-__all__ = ["HOMES", "MINE", "MissingAnswer", "all_reduce_algorithm", "forget", "implementation",
-           "is_registered", "lab_of", "load_answer", "notebook_for", "prefer_all_reduce",
+__all__ = ["HOMES", "MINE", "MissingAnswer", "all_reduce_algorithm", "earlier_answers", "forget",
+           "implementation", "is_registered", "lab_of", "load_answer", "load_answers",
+           "notebook_for", "prefer_all_reduce",
            "register", "register_all_reduce", "registered_all_reduces", "use_my_answers"]

@@ -124,7 +124,7 @@ def test_a_missing_answer_names_the_lab_and_notebook_that_writes_it(tmp_path):
     assert "does not answer it yet" in str(unanswered.value)
     # lab03 answered, lab04 not: nothing is registered, lib_dist is as it was
     shutil.copytree(SOLUTIONS / "lab03_collectives", tmp_path / "mine" / "lab03_collectives")
-    with pytest.raises(MissingAnswer, match="ShardSampler is written in lab04_data_parallel"):
+    with pytest.raises(MissingAnswer, match="ShardSampler, DataParallel are written in lab04_data"):
         use_my_answers(tmp_path / "mine")
     assert registry.registered_all_reduces() == []
     with pytest.raises(MissingAnswer, match="no implementation of 'zigzag'"):
@@ -164,21 +164,98 @@ print("sends:", [e.peer for e in world.trace.events if e.rank == 0 and e.kind ==
 """
 
 
-def test_in_the_student_edition_the_students_ring_is_comms_all_reduce(tmp_path):
-    """There lib_dist's own ring is a stub naming lab03, and `comm.all_reduce` runs a stand-in
-    (Bruck's rounds, `lib_dist.comm.stand_ins`) until the student's registered ring is
-    preferred; then it runs theirs."""
+@pytest.fixture(scope="module")
+def student_home(tmp_path_factory):
+    from grader.edition import student_edition
+
+    return student_edition(tmp_path_factory.mktemp("editions") / "student_edition")
+
+
+def in_student_edition(home, script, *args):
+    """`script` run by a Python whose lib_dist is the student edition `home`: its output."""
     import subprocess
     import sys
 
-    from grader.edition import student_edition
-
-    home = student_edition(tmp_path / "student_edition")
-    out = subprocess.run([sys.executable, "-c", STUDENT_RUN, str(SOLUTIONS)], cwd=tmp_path,
+    out = subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=home.parent,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(home)},
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_in_the_student_edition_the_students_ring_is_comms_all_reduce(student_home):
+    """There lib_dist's own ring is a stub naming lab03, and `comm.all_reduce` runs a stand-in
+    (Bruck's rounds, `lib_dist.comm.stand_ins`) until the student's registered ring is
+    preferred; then it runs theirs."""
+    out = in_student_edition(student_home, STUDENT_RUN, SOLUTIONS)
     # the stand-in on 3 ranks: Bruck's reduce-scatter (rank 0 sends to 0 + 2, then 0 + 1),
     # then his all-gather (to 0 - 1 = 2, then 0 - 2 = 1); the ring sends to rank 1 only
     assert out.stdout.splitlines() == [f"stand-in: {[[3.0] * 3] * 3} [2, 1, 2, 1]", "stub: True",
                                        f"sums: {[[3.0] * 3] * 3}", "sends: [1, 1, 1, 1]"], out.stdout
+
+
+def test_a_later_lab_takes_lib_dists_own_earlier_answers_unless_the_students_are_registered(
+        tmp_path):
+    """Here, with the references (the instructor's edition, and a graded lab's by default),
+    `earlier_answers` never reads the folder; the judge's `--own-answers` registers the
+    student's, which it then takes."""
+    from lib_dist.pipeline import split_model
+    from lib_dist.tensor_parallel import ParallelAttention
+
+    assert registry.earlier_answers(tmp_path, "ParallelAttention", "split_model") == (
+        ParallelAttention, split_model)
+    register("ParallelAttention", dict)
+    assert registry.earlier_answers(tmp_path, "ParallelAttention") == (dict,)
+
+
+STUDENT_BLOCKS = """
+import sys
+import torch
+from lib_dist.comm import SimulatedWorld
+from lib_dist.models.gpt import Block, GPTConfig
+from lib_dist.registry import MissingAnswer, earlier_answers
+from lib_dist.tensor_parallel import ParallelBlock
+from lib_dist.three_d.checkpoint import split_of
+
+block = Block(GPTConfig(vocab_size=1, block_size=4, n_layer=1, n_head=4, n_embd=8)).double()
+x = torch.randn(2, 4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+try:
+    SimulatedWorld(2).run(lambda comm: ParallelBlock(block, comm))
+except Exception as e:
+    print("stub:", "lab06_tensor_parallel asks you to write this yourself" in str(e))
+try:
+    earlier_answers(sys.argv[2], "ParallelAttention", "ParallelMLP")
+except MissingAnswer as e:
+    print("missing:", str(e).split(" (")[0])
+attention, mlp = earlier_answers(sys.argv[1], "ParallelAttention", "ParallelMLP")
+print("theirs:", attention.__module__, mlp.__module__)
+
+def run(comm):
+    mine = ParallelBlock(block, comm)
+    return mine(x).detach(), split_of(mine)
+
+outs = SimulatedWorld(2).run(run)
+want = block(x).detach()
+# two partial products summed per output: float64 round-off of the block's 4 * 8-term sums
+tol = 4 * 8 * torch.finfo(torch.float64).eps * want.abs().max().item()
+print("equal:", all((out - want).abs().max().item() <= tol for out, _ in outs))
+splits = outs[0][1]
+print("splits:", splits["attn.qkv.weight"], splits["attn.proj.weight"], splits["mlp.fc.bias"],
+      splits["mlp.proj.bias"])
+print("lab05:", *(f.__module__ for f in earlier_answers(sys.argv[1], "split_model",
+                                                           "one_f_one_b_step")))
+"""
+
+
+def test_in_the_student_edition_module_6s_block_is_built_of_the_students_lab06(student_home,
+                                                                               tmp_path):
+    """Labs 10 and 11 build on lab06's attention and MLP (inside `ParallelBlock`) and lab05's
+    split and 1F1B step. The student edition has none of them: `earlier_answers` loads the
+    student's own from their notebooks (here the solutions), and `ParallelBlock` runs them,
+    equal to the unsplit block; a lab not done yet is named."""
+    out = in_student_edition(student_home, STUDENT_BLOCKS, SOLUTIONS, tmp_path)
+    assert out.stdout.splitlines() == [
+        "stub: True", "missing: ParallelAttention, ParallelMLP are written in lab06_tensor_parallel",
+        "theirs: notebook_lab06_tensor_parallel notebook_lab06_tensor_parallel", "equal: True",
+        "splits: (0, 3) (1, 1) (0, 1) None",
+        "lab05: notebook_lab05_pipeline notebook_lab05_pipeline"], out.stdout

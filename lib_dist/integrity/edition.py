@@ -5,3 +5,4 @@ guards that lab's oracles wherever it is imported in a graded sandbox (the judge
 """
 
 LAB: str | None = None
+STUDENT = False  # True in the student edition: no lab's references in it at all

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .. import registry
 from ..comm import Communicator
 from ..models.gpt import Block, CausalSelfAttention, FeedForward, causal_attention
 from .layers import ColumnParallelLinear, RowParallelLinear
@@ -64,13 +65,17 @@ class ParallelAttention(nn.Module):
 
 class ParallelBlock(nn.Module):
     """A transformer `Block` whose attention and MLP are tensor-parallel; its LayerNorms are
-    copies on every rank (their inputs are the same everywhere, and so are their gradients)."""
+    copies on every rank (their inputs are the same everywhere, and so are their gradients).
+    `attention` and `mlp`: the classes to split them with; by default module 6's, or the
+    student's own where registered in this process (`lib_dist.registry`). Name them to take a
+    student's to engines, which have registered nothing."""
 
-    def __init__(self, block: Block, comm: Communicator):
+    def __init__(self, block: Block, comm: Communicator, attention: type | None = None,
+                 mlp: type | None = None):
         super().__init__()
         self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
-        self.attn = ParallelAttention(block.attn, comm)
-        self.mlp = ParallelMLP(block.mlp, comm)
+        self.attn = (attention or registry.implementation("ParallelAttention"))(block.attn, comm)
+        self.mlp = (mlp or registry.implementation("ParallelMLP"))(block.mlp, comm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

@@ -63,7 +63,7 @@ class SequenceParallelBlock(nn.Module):
     def _attention(self, x: torch.Tensor) -> torch.Tensor:
         attn = self.attn
         q, k, v = F.linear(x, attn.qkv.weight, attn.qkv.bias).chunk(3, dim=2)  # this rank's heads
-        y = causal_attention(q, k, v, attn.head_size, attn.causal)
+        y = causal_attention(q, k, v, q.shape[-1] // attn.n_head, attn.causal)
         return self._leave(F.linear(y, attn.proj.weight), attn.proj.bias)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
