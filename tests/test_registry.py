@@ -259,3 +259,29 @@ def test_in_the_student_edition_module_6s_block_is_built_of_the_students_lab06(s
         "theirs: notebook_lab06_tensor_parallel notebook_lab06_tensor_parallel", "equal: True",
         "splits: (0, 3) (1, 1) (0, 1) None",
         "lab05: notebook_lab05_pipeline notebook_lab05_pipeline"], out.stdout
+
+
+STUDENT_CAPSTONE = """
+import os
+import sys
+os.chdir(sys.argv[1])  # the lab's folder: ".." holds the student's lab05 and lab06 notebooks
+from lib_dist.definitions import definitions
+from lib_dist.three_d import Layout
+
+checks = definitions("lab11_capstone.ipynb", "check_losses", "check_parameters")
+ns = checks.check_losses.__globals__
+checks.check_losses(Layout(2, 2, 2))
+checks.check_parameters(Layout(2, 2, 2))
+print("theirs:", *(ns[name].__module__ for name in ("split_model", "one_f_one_b_step",
+                                                     "ParallelAttention", "ParallelMLP")))
+"""
+
+
+def test_in_the_student_edition_the_capstone_trains_on_the_students_lab05_and_lab06(
+        student_home):
+    """Lab11's own checks of its 3D step (losses and parameters equal to one process's, float64,
+    8 simulated ranks) pass in the student edition, on the lab05 and lab06 answers beside it."""
+    out = in_student_edition(student_home, STUDENT_CAPSTONE, SOLUTIONS / "lab11_capstone")
+    assert out.stdout.splitlines()[-1] == (
+        "theirs: notebook_lab05_pipeline notebook_lab05_pipeline notebook_lab06_tensor_parallel "
+        "notebook_lab06_tensor_parallel"), out.stdout
