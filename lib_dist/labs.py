@@ -184,7 +184,7 @@ LABS: dict[str, Lab] = {
          *(f"lib_dist.three_d.step:{name}" for name in (
              "replica_batch", "average_over_replicas", "three_d_step", "global_loss")),
          "lib_dist.three_d.checkpoint:latest"),
-        engines=True, preload=("torch._dynamo",),
+        engines=True, preload=("torch._dynamo", "torch.distributed.checkpoint"),
         uses=("split_model", "one_f_one_b_step", "ParallelAttention", "ParallelMLP")),
 }
 

@@ -1,4 +1,5 @@
-"""Every lecture notebook in course/ runs top to bottom without an error, in a fresh kernel.
+"""Every lecture notebook in course/ runs top to bottom without an error, in a fresh kernel
+(three of them on the lecture edition, in tests/test_lecture_edition.py).
 
 The notebooks check their own formulas (autograd, finite differences, measured memory), so a
 notebook that runs is a notebook whose claims hold on this machine. The notebooks are stored
@@ -15,8 +16,13 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import test_lecture_edition as lecture_edition
+
 COURSE = Path(__file__).resolve().parent.parent / "course"
 NOTEBOOKS = sorted(COURSE.glob("*.ipynb"))
+# tests/test_lecture_edition.py runs these top to bottom on the lecture edition (the same source,
+# its references compiled), with the same check: not a second time here
+HERE = [p for p in NOTEBOOKS if p.stem not in lecture_edition.LECTURES]
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -26,7 +32,11 @@ def test_there_are_course_notebooks():
                                               "02_single_device_training.ipynb"]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_the_lectures_not_run_here_run_on_the_lecture_edition():
+    assert {p.stem for p in NOTEBOOKS} - {p.stem for p in HERE} == set(lecture_edition.LECTURES)
+
+
+@pytest.mark.parametrize("path", HERE, ids=[p.stem for p in HERE])
 def test_notebook_runs_without_error(path, tmp_path):
     nb = nbformat.read(path, as_version=4)   # run in memory: the stored file is not changed
     client = NotebookClient(nb, timeout=600, kernel_name="python3",

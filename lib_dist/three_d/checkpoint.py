@@ -22,9 +22,9 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, piece_of, unshard
@@ -76,7 +76,7 @@ def save(three_d: ThreeD, optimizer: torch.optim.Optimizer, step: int, run: Path
             for name, value in optimizer.state.get(p, {}).items():
                 state[f"{key}/{name}"] = value
         with alone():
-            dcp.save(state, checkpoint_id=shard_folder(directory, mesh["pp"].rank,
+            _dcp().save(state, checkpoint_id=shard_folder(directory, mesh["pp"].rank,
                                                        mesh["tp"].rank), no_dist=True)
     mesh.comm.barrier()  # every shard is on disk
     if mesh.comm.rank == 0:  # the checkpoint is complete
@@ -126,7 +126,7 @@ def load(three_d: ThreeD, optimizer: torch.optim.Optimizer, directory: Path) -> 
 def _read_prefixed(folder: Path, keys: list[str]) -> dict[str, dict[str, torch.Tensor]]:
     """Each parameter of `keys` and its optimizer state ("" and each state's name) from the
     checkpoint in `folder`, in one read."""
-    every = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    every = _dcp().FileSystemReader(str(folder)).read_metadata().state_dict_metadata
     names = [k for k in every if k.split("/")[0] in set(keys)]
     tensors = _read(folder, names)
     out: dict[str, dict[str, torch.Tensor]] = {key: {} for key in keys}
@@ -146,12 +146,21 @@ def _whole(pieces: list[dict[str, torch.Tensor]], split: Split) -> dict[str, tor
 
 def _read(folder: Path, names: list[str]) -> dict[str, torch.Tensor]:
     """The tensors `names` of the DCP checkpoint in `folder`."""
-    meta = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
-    state = {k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype)  # type: ignore
+    meta = _dcp().FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    state = {k: torch.empty(tuple(meta[k].size), dtype=meta[k].properties.dtype)
              for k in names}
     with alone():
-        dcp.load(state, checkpoint_id=str(folder), no_dist=True)
+        _dcp().load(state, checkpoint_id=str(folder), no_dist=True)
     return state
+
+
+def _dcp() -> Any:
+    """torch.distributed.checkpoint, imported where it is used: importing it takes over a
+    second (it brings DTensor, FSDP and sympy), which every graded lab's judge would pay, as it
+    imports all of lib_dist (lab11 preloads it)."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
 
 
 @contextmanager
