@@ -68,6 +68,16 @@ def scratch_beside(folder: Path) -> Path:
     return scratch
 
 
+def copy_of_source(target: Path) -> None:
+    """lib_dist's source copied to `target` (no caches, no extension modules), readable by
+    everyone whatever the source's own modes: a deployment keeps the repository's lib_dist its
+    staff's alone (README), while the editions built from it are for students."""
+    shutil.copytree(SOURCE, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"),
+                    copy_function=shutil.copyfile)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
 def publish(scratch: Path, home: Path, family: str) -> Path:
     """`scratch`, built, renamed to `home` (atomic: builders working at once each build, one
     wins), and the other builds of `family` beside it (from an older lib_dist) removed."""
@@ -109,7 +119,7 @@ def student_edition(folder: Path) -> Path:
 def _build(target: Path, judged: str | None) -> None:
     """lib_dist copied to `target`: judged for the lab `judged` (its references stubbed, its
     oracles guarded on import), or the student edition (None: every lab's references stubbed)."""
-    shutil.copytree(SOURCE, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    copy_of_source(target)
     kept = () if judged else KEPT  # the student edition's collectives run (comm.stand_ins)
     for path, names in _references_by_file([judged] if judged else sorted(LABS), kept).items():
         copy = target / Path(path).relative_to(SOURCE)

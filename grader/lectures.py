@@ -32,7 +32,7 @@ from lib_dist.extend import LABS
 
 from .course import REPO
 from .edition import (LECTURES_KERNEL, MARKER, SOURCE, _fingerprint, _references_by_file,
-                      publish, replace, scratch_beside)
+                      copy_of_source, publish, replace, scratch_beside)
 
 LECTURES = "lectures"  # the lecture edition, among the editions' names
 # Its kernel, in the edition: a folder for JUPYTER_PATH (deploy/), or `jupyter kernelspec install`
@@ -82,7 +82,7 @@ def _cached_build(fingerprint: str) -> Path:
 
 
 def _build(target: Path) -> None:
-    shutil.copytree(SOURCE, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    copy_of_source(target)
     sources = [target / p.relative_to(SOURCE) for p in compiled_files()]
     (target / MARKER).write_text(
         '"""None: the lecture edition of lib_dist (grader.lectures), its references compiled."""'

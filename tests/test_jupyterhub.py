@@ -11,7 +11,9 @@ the notebook, saves and submits from the Assignments page; the instructor collec
 nbgrader, autogrades with the grader (in its sandbox, as the instructor's unix user), writes the
 feedback and releases it; each student fetches their feedback and reads their own score
 (alice 13 / 13, bob less), and cannot open the other's. Students' kernels import the student
-edition of lib_dist, and their JupyterLab lists the lectures' kernel, on the lecture edition. A hub that cannot start says why in one
+edition of lib_dist, and their JupyterLab lists the lectures' kernel, on the lecture edition;
+the kit's reference (lib_dist's source, the solutions, the grader, the tests) is readable by the
+instructor's group only, as a deployment keeps it. A hub that cannot start says why in one
 line. The test creates its users and exchange and removes
 them, and stops every server it started.
 """
@@ -42,6 +44,10 @@ DEPLOY = REPO / "deploy"
 PROXY = REPO / "build" / "hub-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 STUDENTS = ("ldhub-alice", "ldhub-bob")
 INSTRUCTOR = "ldhub-teacher"
+STAFF = "ldhub-staff"  # the instructor's group: the only one that reads the kit's reference
+# what a deployment keeps from students (README): the reference, the solutions, the grader and
+# the tests built on them; they need the environment (.venv) and the released labs only
+REFERENCE = ("lib_dist", "solutions", "grader", "tests")
 LAB = "lab00_ranks"
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.browser, pytest.mark.hub,
@@ -67,6 +73,18 @@ def traversable(paths: list[Path]) -> dict[Path, int]:
     return changed
 
 
+def kept_from_students(folders: list[Path]) -> dict[Path, tuple[int, int]]:
+    """Each folder readable by its owner and the staff group only (0o750); the old (mode,
+    gid) of each."""
+    old = {}
+    for folder in folders:
+        info = folder.stat()
+        old[folder] = (info.st_mode, info.st_gid)
+        shutil.chown(folder, group=STAFF)
+        folder.chmod(0o750)
+    return old
+
+
 def stop_hub(hub_process: subprocess.Popen) -> None:
     """SIGTERM: the hub stops the proxy and each student's server (interrupt, then terminate:
     over a minute on a loaded machine); killed if it has not finished in three."""
@@ -88,6 +106,7 @@ def hub(tmp_path_factory):
     data.mkdir()
     passwords = {user: secrets.token_urlsafe(12) for user in (*STUDENTS, INSTRUCTOR)}
     modes = traversable([Path(os.path.realpath(sys.executable)).parent, REPO, exchange])
+    kept: dict[Path, tuple[int, int]] = {}
     env = {**os.environ, "LIB_DIST_HUB_DATA": str(data), "LIB_DIST_EXCHANGE": str(exchange),
            "LIB_DIST_STUDENTS": ",".join(STUDENTS), "LIB_DIST_INSTRUCTOR": INSTRUCTOR,
            "LIB_DIST_HUB_PORT": str(free_port()), "LIB_DIST_HUB_API_PORT": str(free_port()),
@@ -96,11 +115,14 @@ def hub(tmp_path_factory):
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     hub_process = None
     try:
+        subprocess.run(["groupadd", "--force", STAFF], check=True)
         for user, password in passwords.items():
-            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user], check=True)
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user,
+                            *(["--groups", STAFF] if user == INSTRUCTOR else [])], check=True)
             subprocess.run(["chpasswd"], input=f"{user}:{password}", text=True, check=True)
         course = Path(pwd.getpwnam(INSTRUCTOR).pw_dir) / "course"
         shutil.copytree(REPO / "solutions" / LAB, course / "solutions" / LAB)
+        kept = kept_from_students([REPO / name for name in REFERENCE])
         shutil.copy(DEPLOY / "instructor_nbgrader_config.py", course / "nbgrader_config.py")
         subprocess.run(["chown", "-R", f"{INSTRUCTOR}:", str(course)], check=True)
         lecture_edition(root / "lecture_edition")  # its build in the cache the release copies
@@ -130,6 +152,10 @@ def hub(tmp_path_factory):
             subprocess.run(["userdel", "--remove", user], capture_output=True)
         for folder, mode in modes.items():
             folder.chmod(mode)
+        for folder, (mode, gid) in kept.items():
+            os.chown(folder, -1, gid)
+            folder.chmod(mode)
+        subprocess.run(["groupdel", STAFF], capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +224,16 @@ def test_students_kernels_import_the_student_edition_and_lectures_have_their_own
          "balanced_bounds([1.0, 2.0], 2)'"],  # in their home, as a kernel of theirs runs
         env=env, capture_output=True, text=True, timeout=120)
     assert tried.stdout.startswith(str(labs / "student_edition" / "lib_dist")), tried.stderr
+    # the kit's own reference, and everything built on it, is its staff's alone
+    for name in REFERENCE:
+        peek = subprocess.run(["su", student, "-s", "/bin/sh", "-c", f"ls {REPO / name}"],
+                              capture_output=True, text=True, timeout=60)
+        assert peek.returncode != 0 and "Permission denied" in peek.stderr, (name, peek)
+    source = REPO / "lib_dist" / "data_parallel" / "buckets.py"
+    assert source.is_file()  # there, and not for them
+    peek = subprocess.run(["su", student, "-s", "/bin/sh", "-c", f"cat {source}"],
+                          capture_output=True, text=True, timeout=60)
+    assert peek.returncode != 0 and "Permission denied" in peek.stderr, peek
     assert "lab05_pipeline asks you to write this yourself" in tried.stderr
     assert "Python 3 (lib_dist lectures)" in tried.stderr  # where lectures run
     # the lectures' kernel, as JupyterLab lists it for the student
