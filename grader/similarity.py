@@ -17,6 +17,7 @@ scores tests/test_similarity.py measures (README, "The similarity report").
 from __future__ import annotations
 
 import csv
+import importlib
 import inspect
 import textwrap
 from dataclasses import dataclass
@@ -68,10 +69,12 @@ def release_code(nb: nbformat.NotebookNode) -> str:
 
 
 def library_code(lab: str) -> str:
-    """The source of lib_dist's own versions of what `lab` asks for, one after another;
-    empty for a lab that has none."""
+    """The source of lib_dist's own versions of what `lab` asks for, one after another, and of
+    the modules whose stand-ins the student edition runs in their place (lab01's losses, lab03's
+    collectives: installed, so pasted as easily); empty for a lab that has none."""
     from lib_dist.extend import LABS
     from lib_dist.integrity.stubs import lookup
+    from lib_dist.stand_ins import STAND_INS
 
     sources: list[str] = []
     for name in LABS[lab].references if lab in LABS else ():
@@ -79,9 +82,10 @@ def library_code(lab: str) -> str:
         if isinstance(obj, property):
             obj = obj.fget
         obj = inspect.unwrap(obj)
-        source = textwrap.dedent(inspect.getsource(obj))
-        if source not in sources:
-            sources.append(source)
+        found = [textwrap.dedent(inspect.getsource(obj))]
+        if name in STAND_INS:
+            found.append(inspect.getsource(importlib.import_module(STAND_INS[name].split(":")[0])))
+        sources += [source for source in found if source not in sources]
     return "\n\n".join(sources) + "\n" if sources else ""
 
 

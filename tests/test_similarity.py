@@ -3,12 +3,15 @@ lab's solution, its untouched release and its typical bug (the demo's alice, bob
 the solution and lib_dist's own code pasted in and disguised (variables renamed, functions
 reordered, comments added); and, for labs 1 to 3, answers written independently of both
 (`similarity_answers.INDEPENDENT`, shown correct by the lab's own tests) and a disguised copy
-of them. Every pair made from a common source scores above `THRESHOLD`, and no other pair
-does; the test prints the precision, the recall and the gap they leave around the threshold.
+of them; for labs 1 and 3, the stand-ins the student edition runs in place of their references,
+pasted and disguised. Every pair made from a common source scores above `THRESHOLD`, and no
+other pair does; the test prints the precision, the recall and the gap they leave around the threshold.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
 import shutil
 
@@ -22,7 +25,8 @@ from grader.cli import main
 from grader.course import REPO, Course
 from grader.demo import with_typical_bug
 from grader.similarity import THRESHOLD, Match, library_code, similarity
-from lib_dist.extend import definitions
+from lib_dist.extend import LABS, definitions
+from lib_dist.stand_ins import STAND_INS
 
 # Where each answer came from: two answers are a copy when they share a source.
 ORIGINS = {
@@ -32,6 +36,7 @@ ORIGINS = {
     "frank": {"solution"},  # the solution, disguised
     "grace": {"lib_dist"},  # lib_dist's own code pasted into the first answer cell
     "heidi": {"lib_dist"},  # the same, disguised
+    "ivan": {"lib_dist"},  # the student edition's stand-ins (labs 1 and 3), pasted, disguised
     "dave": {"dave"},  # written independently (labs 1 to 3)
     "erin": {"dave"},  # dave's answers, disguised
     "[solution]": {"solution"},
@@ -47,6 +52,13 @@ def map_answers(nb, change):
     return nb
 
 
+def stand_in_code(lab: str) -> str:
+    """The modules whose stand-ins the student edition runs for `lab`'s references."""
+    modules = {STAND_INS[name].split(":")[0] for name in LABS[lab].references
+               if name in STAND_INS}
+    return "\n\n".join(inspect.getsource(importlib.import_module(m)) for m in sorted(modules))
+
+
 def class_of(course: Course, lab: str) -> dict[str, nbformat.NotebookNode]:
     """The students of `lab`, by name (see ORIGINS)."""
     solved, blank = synthetic.solved(course, lab), synthetic.blank(course, lab)
@@ -57,6 +69,8 @@ def class_of(course: Course, lab: str) -> dict[str, nbformat.NotebookNode]:
                      if c.metadata.get("nbgrader", {}).get("solution"))
         students["grace"] = synthetic.with_cell(blank, first, library)
         students["heidi"] = synthetic.with_cell(blank, first, answers.disguised(library))
+        if stand_ins := stand_in_code(lab):
+            students["ivan"] = synthetic.with_cell(blank, first, answers.disguised(stand_ins))
     if lab in answers.INDEPENDENT:
         students["dave"] = answers.independent(blank, lab)
         students["erin"] = map_answers(students["dave"], answers.disguised)
@@ -106,6 +120,7 @@ def test_every_copy_is_flagged_and_no_independent_answer(measured):
         kinds = {(m.first, m.second) for m in ms if is_copy(m)}
         assert {("alice", "carol"), ("frank", "[solution]")} <= kinds, lab
         assert (("heidi", "[lib_dist]") in kinds) == bool(library_code(lab)), lab
+        assert (("ivan", "[lib_dist]") in kinds) == bool(stand_in_code(lab)), lab
         assert (("dave", "erin") in kinds) == (lab in answers.INDEPENDENT), lab
 
 
