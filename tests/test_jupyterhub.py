@@ -14,8 +14,7 @@ feedback and releases it; each student fetches their feedback and reads their ow
 edition of lib_dist, and their JupyterLab lists the lectures' kernel, on the lecture edition;
 the kit's reference (lib_dist's source, the solutions, the grader, the tests) is readable by the
 instructor's group only, as a deployment keeps it. A hub that cannot start says why in one
-line. The test creates its users and exchange and removes
-them, and stops every server it started.
+line. The test creates its users and exchange, removes them, and stops every server it started.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ import os
 import pwd
 import secrets
 import shutil
-import signal
-import stat
 import subprocess
 import sys
 import time
@@ -37,6 +34,7 @@ import pytest
 
 from grader.lectures import lecture_edition
 from browser import chromium, wait_for_kernel, write_lab_settings
+from hub_accounts import as_user, kept_from_students, stop_hub, traversable
 from local_servers import free_port, wait_until_answering
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,55 +43,12 @@ PROXY = REPO / "build" / "hub-proxy" / "node_modules" / ".bin" / "configurable-h
 STUDENTS = ("ldhub-alice", "ldhub-bob")
 INSTRUCTOR = "ldhub-teacher"
 STAFF = "ldhub-staff"  # the instructor's group: the only one that reads the kit's reference
-# what a deployment keeps from students (README): the reference, the solutions, the grader and
-# the tests built on them; they need the environment (.venv) and the released labs only
+# what a deployment keeps from students (README), who need only the environment and labs/
 REFERENCE = ("lib_dist", "solutions", "grader", "tests")
 LAB = "lab00_ranks"
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.browser, pytest.mark.hub,
               pytest.mark.skipif(os.geteuid() != 0, reason="creates unix users: run as root")]
-
-
-def as_user(user: str, command: str, env: dict[str, str]) -> str:
-    done = subprocess.run(["su", user, "-s", "/bin/sh", "-c", command], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"{user}: {command}\n{done.stdout}\n{done.stderr}"
-    return done.stdout + done.stderr
-
-
-def traversable(paths: list[Path]) -> dict[Path, int]:
-    """Let every user reach the environment (o+x on each folder above it); the old modes."""
-    changed = {}
-    for path in paths:
-        for folder in [path, *path.parents]:
-            mode = folder.stat().st_mode
-            if not mode & stat.S_IXOTH:
-                changed[folder] = mode
-                folder.chmod(mode | stat.S_IXOTH)
-    return changed
-
-
-def kept_from_students(folders: list[Path]) -> dict[Path, tuple[int, int]]:
-    """Each folder readable by its owner and the staff group only (0o750); the old (mode,
-    gid) of each."""
-    old = {}
-    for folder in folders:
-        info = folder.stat()
-        old[folder] = (info.st_mode, info.st_gid)
-        shutil.chown(folder, group=STAFF)
-        folder.chmod(0o750)
-    return old
-
-
-def stop_hub(hub_process: subprocess.Popen) -> None:
-    """SIGTERM: the hub stops the proxy and each student's server (interrupt, then terminate:
-    over a minute on a loaded machine); killed if it has not finished in three."""
-    hub_process.send_signal(signal.SIGTERM)
-    try:
-        hub_process.wait(180)
-    except subprocess.TimeoutExpired:
-        hub_process.kill()
-        hub_process.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +77,7 @@ def hub(tmp_path_factory):
             subprocess.run(["chpasswd"], input=f"{user}:{password}", text=True, check=True)
         course = Path(pwd.getpwnam(INSTRUCTOR).pw_dir) / "course"
         shutil.copytree(REPO / "solutions" / LAB, course / "solutions" / LAB)
-        kept = kept_from_students([REPO / name for name in REFERENCE])
+        kept = kept_from_students([REPO / name for name in REFERENCE], STAFF)
         shutil.copy(DEPLOY / "instructor_nbgrader_config.py", course / "nbgrader_config.py")
         subprocess.run(["chown", "-R", f"{INSTRUCTOR}:", str(course)], check=True)
         lecture_edition(root / "lecture_edition")  # its build in the cache the release copies
