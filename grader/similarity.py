@@ -69,12 +69,10 @@ def release_code(nb: nbformat.NotebookNode) -> str:
 
 
 def library_code(lab: str) -> str:
-    """The source of lib_dist's own versions of what `lab` asks for, one after another, and of
-    the modules whose stand-ins the student edition runs in their place (lab01's losses, lab03's
-    collectives: installed, so pasted as easily); empty for a lab that has none."""
+    """The source of lib_dist's own versions of what `lab` asks for, one after another, then
+    `stand_in_code(lab)`; empty for a lab that has none."""
     from lib_dist.extend import LABS
     from lib_dist.integrity.stubs import lookup
-    from lib_dist.stand_ins import STAND_INS
 
     sources: list[str] = []
     for name in LABS[lab].references if lab in LABS else ():
@@ -82,11 +80,23 @@ def library_code(lab: str) -> str:
         if isinstance(obj, property):
             obj = obj.fget
         obj = inspect.unwrap(obj)
-        found = [textwrap.dedent(inspect.getsource(obj))]
-        if name in STAND_INS:
-            found.append(inspect.getsource(importlib.import_module(STAND_INS[name].split(":")[0])))
-        sources += [source for source in found if source not in sources]
+        source = textwrap.dedent(inspect.getsource(obj))
+        if source not in sources:
+            sources.append(source)
+    if stand_ins := stand_in_code(lab):
+        sources.append(stand_ins)
     return "\n\n".join(sources) + "\n" if sources else ""
+
+
+def stand_in_code(lab: str) -> str:
+    """The modules whose stand-ins the student edition runs in place of `lab`'s references
+    (lab01's losses, lab03's collectives): installed, so pasted as easily; empty for the rest."""
+    from lib_dist.extend import LABS
+    from lib_dist.stand_ins import STAND_INS
+
+    modules = sorted({STAND_INS[name].split(":")[0] for name in LABS[lab].references
+                      if name in STAND_INS} if lab in LABS else set())
+    return "\n\n".join(inspect.getsource(importlib.import_module(m)) for m in modules)
 
 
 def submissions(course: Course, lab: str, folder: Path | None = None) -> dict[str, Path]:

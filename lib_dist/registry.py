@@ -159,14 +159,13 @@ def notebook_for(lab: str, where: str | Path | Iterable[str | Path]) -> Path | N
     return None
 
 
-def load_answer(names: str | list[str], where: str | Path | Iterable[str | Path]) -> Any:
-    """`names` (of one lab) as the student's lab notebook in `where` defines them, loaded
-    together: a dict, or the value where `names` is one name; `MissingAnswer` if not there."""
+def _from_notebook(lab: str, wanted: list[str], where: str | Path | Iterable[str | Path]
+                   ) -> dict[str, Any]:
+    """`wanted`, names of `lab`, as the student's notebook of it in `where` defines them, loaded
+    together; `MissingAnswer` if the notebook or an answer is not there."""
     from .definitions import definitions
 
-    wanted = [names] if isinstance(names, str) else names
     said = ", ".join(wanted) + (" is" if len(wanted) == 1 else " are")
-    lab = lab_of(wanted[0])
     notebook = notebook_for(lab, where)
     if notebook is None:
         raise MissingAnswer(f"{said} written in {lab} ({lab}/{lab}.ipynb), and {where} holds "
@@ -176,7 +175,7 @@ def load_answer(names: str | list[str], where: str | Path | Iterable[str | Path]
     except LookupError as e:
         raise MissingAnswer(f"{said} written in {lab} ({notebook}), which does not answer "
                             f"it yet: {e}") from None
-    return found[names] if isinstance(names, str) else {name: found[name] for name in wanted}
+    return {name: found[name] for name in wanted}
 
 
 def earlier_answers(where: str | Path | Iterable[str | Path], *names: str) -> tuple[Any, ...]:
@@ -201,7 +200,7 @@ def load_answers(names: Iterable[str], where: str | Path | Iterable[str | Path]
         by_lab.setdefault(lab_of(name), []).append(name)
     loaded: dict[str, Any] = {}
     for lab, wanted in by_lab.items():
-        loaded.update(load_answer(wanted, where))
+        loaded.update(_from_notebook(lab, wanted, where))
     return loaded
 
 
@@ -239,6 +238,6 @@ def forget() -> None:
 
 
 __all__ = ["HOMES", "MINE", "MissingAnswer", "all_reduce_algorithm", "earlier_answers", "forget",
-           "implementation", "is_registered", "lab_of", "load_answer", "load_answers",
+           "implementation", "is_registered", "lab_of", "load_answers",
            "notebook_for", "prefer_all_reduce",
            "register", "register_all_reduce", "registered_all_reduces", "use_my_answers"]

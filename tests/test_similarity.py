@@ -10,8 +10,6 @@ other pair does; the test prints the precision, the recall and the gap they leav
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import os
 import shutil
 
@@ -24,9 +22,8 @@ from grader import synthetic
 from grader.cli import main
 from grader.course import REPO, Course
 from grader.demo import with_typical_bug
-from grader.similarity import THRESHOLD, Match, library_code, similarity
-from lib_dist.extend import LABS, definitions
-from lib_dist.stand_ins import STAND_INS
+from grader.similarity import THRESHOLD, Match, library_code, similarity, stand_in_code
+from lib_dist.extend import definitions
 
 # Where each answer came from: two answers are a copy when they share a source.
 ORIGINS = {
@@ -50,13 +47,6 @@ def map_answers(nb, change):
         if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
             cell.source = change(cell.source)
     return nb
-
-
-def stand_in_code(lab: str) -> str:
-    """The modules whose stand-ins the student edition runs for `lab`'s references."""
-    modules = {STAND_INS[name].split(":")[0] for name in LABS[lab].references
-               if name in STAND_INS}
-    return "\n\n".join(inspect.getsource(importlib.import_module(m)) for m in sorted(modules))
 
 
 def class_of(course: Course, lab: str) -> dict[str, nbformat.NotebookNode]:
