@@ -7,6 +7,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 
@@ -15,6 +16,13 @@ def as_user(user: str, command: str, env: dict[str, str]) -> str:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{user}: {command}\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
+
+
+def scratch_root() -> Path:
+    """A folder of its own under /tmp for the hub's exchange and logs; not under pytest's
+    temporary folder, which a pytest session starting meanwhile sets back to 0o700, locking
+    the students out of the exchange."""
+    return Path(tempfile.mkdtemp(prefix="lib-dist-hub-"))
 
 
 def traversable(paths: list[Path]) -> dict[Path, int]:
@@ -39,6 +47,14 @@ def kept_from_students(folders: list[Path], staff: str) -> dict[Path, tuple[int,
         shutil.chown(folder, group=staff)
         folder.chmod(0o750)
     return old
+
+
+def server_environment(student: str) -> dict[str, str]:
+    """The environment of `student`'s single-user server: what their kernels inherit."""
+    pid = subprocess.run(["pgrep", "-u", student, "-f", "jupyterhub-singleuser"],
+                         capture_output=True, text=True).stdout.split()[0]
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
 
 
 def stop_hub(hub_process: subprocess.Popen) -> None:

@@ -34,7 +34,8 @@ import pytest
 
 from grader.lectures import lecture_edition
 from browser import chromium, wait_for_kernel, write_lab_settings
-from hub_accounts import as_user, kept_from_students, stop_hub, traversable
+from hub_accounts import (as_user, kept_from_students, scratch_root, server_environment, stop_hub,
+                          traversable)
 from local_servers import free_port, wait_until_answering
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,9 +53,9 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.browser, p
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def hub():
     assert PROXY.is_file(), "no configurable-http-proxy: `make hub-tool` installs it"
-    root = tmp_path_factory.mktemp("hub")
+    root = scratch_root()
     exchange, data = root / "exchange", root / "data"
     exchange.mkdir(mode=0o777)
     exchange.chmod(0o1777)  # nbgrader's exchange: everyone writes, nobody deletes others'
@@ -111,6 +112,7 @@ def hub(tmp_path_factory):
             os.chown(folder, -1, gid)
             folder.chmod(mode)
         subprocess.run(["groupdel", STAFF], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -155,14 +157,6 @@ def test_a_student_logs_in_and_fetches_the_released_lab(hub, browser, student):
     servers = subprocess.run(["pgrep", "-u", student, "-f", "jupyterhub-singleuser"],
                              capture_output=True, text=True).stdout.split()
     assert servers, f"no single-user server runs as {student}"
-
-
-def server_environment(student: str) -> dict[str, str]:
-    """The environment of `student`'s single-user server: what their kernels inherit."""
-    pid = subprocess.run(["pgrep", "-u", student, "-f", "jupyterhub-singleuser"],
-                         capture_output=True, text=True).stdout.split()[0]
-    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
 
 
 def test_students_kernels_import_the_student_edition_and_lectures_have_their_own(hub, browser):
