@@ -1,11 +1,14 @@
 """Sequence parallelism with tensor parallelism (lib_dist.tensor_parallel.sequence) on 1-4
 simulated ranks: module 2's Block split by heads and features and, elsewhere, by sequence,
 gives the unsplit block's output and every gradient (float64) once the replicated parameters'
-partial gradients are summed; its traffic is module 6's all-reduces turned into all-gathers
+partial gradients are summed, with residual dropout too (the same masks as one process's
+`nn.Dropout`); its traffic is module 6's all-reduces turned into all-gathers
 and reduce-scatters of a ring all-reduce's bytes; without the sum,
 the LayerNorms' gradients are wrong."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -27,8 +30,8 @@ def block_and_input(seed: int = 0) -> tuple[Block, torch.Tensor]:
     return block, torch.randn(B, T, CONFIG.n_embd, dtype=torch.float64)
 
 
-def sequence_parallel(comm, block, x, sync=True):
-    sp = SequenceParallelBlock(block, comm)
+def sequence_parallel(comm, block, x, sync=True, dropout=0.0, seed=0):
+    sp = SequenceParallelBlock(block, comm, dropout, seed)
     mine = shard_sequence(x, comm).requires_grad_()
     out = sp(mine)
     out.pow(2).sum().backward()
@@ -50,11 +53,22 @@ SPLIT = {"attn.qkv.weight": ("attn.qkv.weight", 0, 3), "attn.qkv.bias": ("attn.q
          "mlp.fc.bias": ("mlp.fc.bias", 0, 1), "mlp.proj.weight": ("mlp.proj.weight", 1, 1)}
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
-def test_the_sequence_parallel_block_is_the_unsplit_block(n):
+def with_residual_dropout(block, p, seed):
+    """A copy of `block` whose two residual dropouts drop with probability p (attention's
+    weights undropped), and the global generator seeded so that they draw from `seed`."""
+    dropped = copy.deepcopy(block)
+    dropped.attn.resid_dropout.p = dropped.mlp.dropout.p = p
+    torch.manual_seed(seed)
+    return dropped
+
+
+@pytest.mark.parametrize("n, p", [(1, 0.0), (2, 0.0), (4, 0.0), (1, 0.3), (2, 0.3), (4, 0.3)])
+def test_the_sequence_parallel_block_is_the_unsplit_block(n, p):
     block, x = block_and_input()
-    want_out, want_dx, want_grads = unsplit(block, x)
-    ranks = SimulatedWorld(n).run(sequence_parallel, block, x)
+    want_out, want_dx, want_grads = unsplit(with_residual_dropout(block, p, seed=5), x)
+    if p:  # the masks drop something: the output is not the undropped block's
+        assert not torch.allclose(want_out, unsplit(block, x)[0])
+    ranks = SimulatedWorld(n).run(sequence_parallel, block, x, True, p, 5)
     # float64; sums over ranks in another order: a few roundings relative to the values
     close = dict(rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(torch.cat([out for out, _, _ in ranks], 1), want_out, **close)
@@ -108,3 +122,25 @@ def test_a_sequence_the_ranks_do_not_divide_is_refused():
         return True
 
     assert SimulatedWorld(4).run(body) == [True] * 4
+
+
+def test_dropout_draws_a_fresh_mask_each_step_and_none_in_eval():
+    block, x = block_and_input()
+
+    def body(comm):
+        sp = SequenceParallelBlock(block, comm, dropout=0.5, seed=1)
+        mine = shard_sequence(x, comm)
+        first, second = sp(mine), sp(mine)
+        sp.eval()
+        return not torch.equal(first, second), torch.equal(sp(mine), undropped(comm))
+
+    def undropped(comm):
+        return SequenceParallelBlock(block, comm)(shard_sequence(x, comm))
+
+    def refused(comm):
+        with pytest.raises(ValueError, match=r"dropout 1.0 must be in \[0, 1\)"):
+            SequenceParallelBlock(block, comm, dropout=1.0)
+        return True
+
+    assert SimulatedWorld(2).run(body) == [(True, True)] * 2
+    assert SimulatedWorld(1).run(refused) == [True]

@@ -19,6 +19,19 @@ projections' biases now see only this rank's tokens, so their gradients are part
 must be all-reduced over the tensor-parallel ranks before the optimizer steps
 (`sync_replicated_gradients`): forgetting it is the classic mistake, and the ranks' copies
 drift apart.
+
+Residual dropout (`dropout`, after each output projection, as module 2's `resid_dropout` and
+the MLP's `dropout`) lies in the sequence-split region, so each rank drops its own tokens'
+elements. To stay exact against one process, every rank draws the whole (B, T, C) mask from
+a generator seeded alike on every rank, in the order and by the same call as `nn.Dropout`
+(`bernoulli_`, then divided by 1 - p), and keeps its tokens' slice: the union of the slices is
+the mask one process draws after `torch.manual_seed(seed)`. The cost: each rank draws t times
+the random numbers it uses and holds a full-size mask for a moment (autograd keeps only its
+slice). Seeding per position (a stream per token) would draw only a rank's share, for a
+generator call per token, and no longer one process's `nn.Dropout` mask. Megatron-LM draws
+each rank's slice from its own stream: cheaper, the same in distribution, other numbers.
+(On CUDA, `nn.Dropout`'s fused kernel samples otherwise: the ranks still agree on one mask.)
+Attention's dropout on the weights stays 0, as in module 6: it is in the head-split region.
 """
 
 from __future__ import annotations
@@ -37,11 +50,15 @@ from .blocks import ParallelAttention, ParallelMLP
 
 class SequenceParallelBlock(nn.Module):
     """Module 2's `Block`, tensor-parallel by heads and features as module 6's, and split by
-    sequence elsewhere: takes and returns this rank's (B, T/t, C) tokens."""
+    sequence elsewhere: takes and returns this rank's (B, T/t, C) tokens. `dropout`: the
+    residual dropout's probability, its masks drawn from `seed` (the same on every rank)."""
 
-    def __init__(self, block: Block, comm: Communicator):
+    def __init__(self, block: Block, comm: Communicator, dropout: float = 0.0, seed: int = 0):
         super().__init__()
-        self.comm = comm
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"SequenceParallelBlock: dropout {dropout} must be in [0, 1)")
+        self.comm, self.dropout, self.seed = comm, dropout, seed
+        self._generator: torch.Generator | None = None  # made on the activations' device
         self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
         self.attn = ParallelAttention(block.attn, comm)  # its shards of qkv and proj
         self.mlp = ParallelMLP(block.mlp, comm)
@@ -64,12 +81,24 @@ class SequenceParallelBlock(nn.Module):
         attn = self.attn
         q, k, v = F.linear(x, attn.qkv.weight, attn.qkv.bias).chunk(3, dim=2)  # this rank's heads
         y = causal_attention(q, k, v, q.shape[-1] // attn.n_head, attn.causal)
-        return self._leave(F.linear(y, attn.proj.weight), attn.proj.bias)
+        return self._drop(self._leave(F.linear(y, attn.proj.weight), attn.proj.bias))
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         mlp = self.mlp
         h = F.gelu(F.linear(x, mlp.fc.weight, mlp.fc.bias))
-        return self._leave(F.linear(h, mlp.proj.weight), mlp.proj.bias)
+        return self._drop(self._leave(F.linear(h, mlp.proj.weight), mlp.proj.bias))
+
+    def _drop(self, y: torch.Tensor) -> torch.Tensor:
+        """Residual dropout of this rank's (B, T/t, C) tokens: its slice of the whole mask."""
+        if not self.training or self.dropout == 0.0:
+            return y
+        if self._generator is None:
+            self._generator = torch.Generator(y.device).manual_seed(self.seed)
+        B, mine, C = y.shape
+        keep = 1.0 - self.dropout
+        whole = y.new_empty(B, mine * self.comm.world_size, C)
+        mask = whole.bernoulli_(keep, generator=self._generator).div_(keep)
+        return y * mask[:, self.comm.rank * mine:(self.comm.rank + 1) * mine]
 
     def replicated_parameters(self) -> list[nn.Parameter]:
         """The parameters every rank holds whole, whose gradients each rank sees only for its
