@@ -1,5 +1,8 @@
 """Surviving a failure on real ranks (lib_dist.three_d.resume, on a Cluster of 8 engines in one
-gloo group): module 02's tiny GPT trained at (dp=2, pp=2, tp=2) checkpoints every EVERY steps
+gloo group). First, on the fresh engines, the (2, 2, 2) mesh itself: each rank's dp, pp and tp
+groups hold the ranks that differ from it along that dimension only, and an all-reduce in each
+group sums those ranks' values and no others. Then module 02's tiny GPT trained at
+(dp=2, pp=2, tp=2) checkpoints every EVERY steps
 with torch.distributed.checkpoint, each rank its own shards; one engine's process is killed
 mid-run (SIGKILL, as a crash); the controller gets a RankFailure naming that rank, not a hang;
 the cluster's engines are replaced (`Cluster.restart`, what `run` does after a broken group)
@@ -26,6 +29,7 @@ from conftest import alive
 from lib_dist.cluster import Cluster, RankFailure
 from lib_dist.cluster.streaming import run_streaming
 from lib_dist.comm import CommError
+from lib_dist.comm.mesh import coordinates
 from lib_dist.three_d import Layout
 from lib_dist.three_d.checkpoint import latest
 from lib_dist.three_d.resume import crashed_at, train
@@ -36,6 +40,7 @@ from tolerances import gpt_terms, rounding
 pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster]
 
 N, BEFORE = 8, Layout(2, 2, 2)
+SHAPE, NAMES = (2, 2, 2), ("dp", "pp", "tp")  # BEFORE as a mesh
 AFTER = [Layout(2, 2, 2), Layout(4, 1, 2)]  # the same layout, and pp=2 -> 1, dp=2 -> 4
 STEPS, CYCLE, EVERY = 4, 3, 2
 VICTIM, DIES_AT = 3, 3  # rank 3 (dp 0, pp 1, tp 1: a writer of shards) dies before step 3
@@ -53,6 +58,35 @@ def cluster():
 
 def ignore(rank: int, stream: str, text: str) -> None:
     """The ranks print nothing worth showing."""
+
+
+def mesh_groups(comm):
+    """This rank's place in the (2, 2, 2) mesh and, per dimension, its group's world ranks,
+    its rank and size in the group, and the group's all-reduce of 2**rank (a sum that says
+    exactly which ranks it added)."""
+    from lib_dist.comm.mesh import Mesh
+    from lib_dist.three_d.plots import members
+
+    mesh = Mesh(comm, SHAPE, NAMES)
+    out = {}
+    for name in NAMES:
+        group = mesh[name]
+        total = group.all_reduce(torch.tensor([2.0 ** comm.rank], dtype=torch.float64))
+        out[name] = (members(group), group.rank, group.world_size, int(total.item()))
+    return mesh.coords, out
+
+
+def test_a_mesh_on_8_real_ranks_gives_each_rank_its_dp_pp_and_tp_groups(cluster):
+    results = cluster.run(mesh_groups)
+    for rank, (coords, out) in enumerate(results):
+        assert coords == coordinates(rank, SHAPE)
+        for d, name in enumerate(NAMES):
+            want = [r for r in range(N) if all(
+                c == coords[i] for i, c in enumerate(coordinates(r, SHAPE)) if i != d)]
+            assert out[name] == (want, want.index(rank), 2, sum(2**r for r in want)), (
+                rank, name, out[name])
+    # rank 0's groups: tp its neighbour, pp two apart, dp four apart
+    assert [results[0][1][n][0] for n in NAMES] == [[0, 4], [0, 2], [0, 1]]
 
 
 def test_a_rank_killed_mid_run_is_named_and_the_run_resumes_on_any_layout(cluster, tmp_path):
