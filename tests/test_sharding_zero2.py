@@ -1,7 +1,8 @@
 """ZeRO-2 (lib_dist.sharding.Zero2Optimizer) on 1-4 simulated ranks: the parameters of ZeRO-1
 (module 7's ZeroOptimizer) and of an unsharded AdamW on the average gradient; gradients
 reduce-scattered bucket by bucket during backward and freed, so a rank holds its shard of
-them; the traffic of one all-reduce per step."""
+them; the traffic of one all-reduce per step; a step's measured peak counts ZeRO-1's and
+ZeRO-2's shards and their state as held before it."""
 
 from __future__ import annotations
 
@@ -148,3 +149,25 @@ def test_a_second_backward_before_step_is_refused_saying_why():
         return True
 
     assert SimulatedWorld(1).run(body) == [True]
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_steps_peak_counts_the_shards_as_held_before_it(stage):
+    # measure_peak_memory reads what the optimizer holds from its param_groups (the float64
+    # shards it steps) and its state (their two AdamW moments and step counters). One rank:
+    # torch's profiler runs once at a time in a process, and the ranks here are threads
+    from lib_dist.train import measure_peak_memory
+    from lib_dist.train.memory import optimizer_state_bytes
+
+    def held(comm):
+        net = model()
+        kind = Zero2Optimizer if stage == 2 else ZeroOptimizer
+        opt = kind(net.parameters(), comm, torch.optim.AdamW, **ADAMW)
+        x, y = batch(0, comm.rank)
+        found = measure_peak_memory(net, opt, x, y, lambda out, t: (out - t).pow(2).mean())
+        shards = sum(p.nbytes for g in opt.param_groups for p in g["params"])
+        own = found.before - sum(p.nbytes for p in net.parameters()) - x.nbytes - y.nbytes
+        return own, shards, optimizer_state_bytes(opt), optimizer_state_bytes(opt, False)
+
+    for own, shards, state, moments in SimulatedWorld(1).run(held):
+        assert moments == 2 * shards > 0 and own == shards + state

@@ -54,6 +54,12 @@ class ZeroOptimizer:
         """The inner optimizer's one group, of this rank's shard."""
         return self.optimizer.param_groups
 
+    @property
+    def state(self) -> Any:
+        """The inner optimizer's state, of this rank's shard (what `measure_peak_memory` counts
+        as held before a step)."""
+        return self.optimizer.state
+
     def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The tensors flattened and concatenated, zero-padded to N shards."""
         return padded_flat(tensors, self.comm.world_size)

@@ -81,6 +81,11 @@ class Zero2Optimizer:
     def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
+    @property
+    def state(self) -> Any:
+        """The inner optimizer's state, of this rank's shards."""
+        return self.optimizer.state
+
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         bucket = self.bucket_of[id(param)]
         if bucket.reduced:

@@ -193,8 +193,10 @@ def measure_peak_memory(model: nn.Module, optimizer: torch.optim.Optimizer, x: t
     The warm-up makes the measured step a typical one: AdamW creates its moments in its first
     step. The profiler records every allocation and release of the CPU allocator during the step,
     so the measurement includes what `MemoryBudget` does not count: temporary results, and the
-    gradient of the logits that the backward pass computes first. The steps really update the
-    model.
+    gradient of the logits that the backward pass computes first. Held before the step: the
+    model's parameters and buffers, the batch, and the optimizer's parameters and state (for
+    ZeRO's optimizers and master weights, the float32 shards or copies it steps). The steps
+    really update the model.
     """
     if x.device.type != "cpu":
         raise ValueError("measure_peak_memory reads the CPU allocator: pass CPU tensors")
@@ -213,6 +215,7 @@ def measure_peak_memory(model: nn.Module, optimizer: torch.optim.Optimizer, x: t
     optimizer.zero_grad(set_to_none=True)
     held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
             for t in map(_local, [*model.parameters(), *model.buffers(), x, y,
+                                  *(p for g in optimizer.param_groups for p in g["params"]),
                                   *(v for s in optimizer.state.values() for v in s.values()
                                     if isinstance(v, torch.Tensor))])}
     before = sum(held.values())
