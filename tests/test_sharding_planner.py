@@ -1,6 +1,7 @@
 """lib_dist.sharding.planner: its activation bytes and FLOPs against what autograd saves and what
-torch's FLOP counter counts on the tiny GPT, for each recomputation; its plans against module
-7's ZeRO formulas; the fastest plan that fits, or none."""
+torch's FLOP counter counts on the tiny GPT, for each recomputation; a plan's bytes against the
+step's real peak (the CPU allocator); its plans against module 7's ZeRO formulas; the fastest
+plan that fits, or none."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from lib_dist.models import GPT, GPTConfig
 from lib_dist.recompute import checkpoint_blocks, selective_blocks
 from lib_dist.sharding.planner import (RECOMPUTE, activation_bytes, best, plans, price,
                                        step_flops)
-from lib_dist.train import gpt_num_params
+from lib_dist.train import gpt_num_params, measure_peak_memory
 from lib_dist.train.memory import saved_activations
 
 CONFIG = GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=16)
@@ -64,6 +65,35 @@ def test_step_flops_are_what_torch_counts(recompute):
     with FlopCounterMode(display=False) as counter:
         loss(gpt, tokens()).backward()
     assert counter.get_total_flops() == step_flops(CONFIG, B, recompute)
+
+
+# the test's GPT, and one whose attention tensors outweigh its width (h T / C = 16), where the
+# backward's peak is in the last block's attention rather than at the loss
+LONG = GPTConfig(vocab_size=40, block_size=64, n_layer=2, n_head=8, n_embd=32)
+
+
+@pytest.mark.parametrize("config", [CONFIG, LONG], ids=["small", "long"])
+@pytest.mark.parametrize("recompute", RECOMPUTE)
+def test_a_plan_bounds_the_real_peak_by_at_most_its_gradients(config, recompute):
+    # one rank, AdamW: the plan counts the gradients whole, the backward peaks before they all
+    # exist, so the measured peak lies between the plan less its gradients and the plan
+    torch.manual_seed(0)
+    gpt = GPT(config)
+    if recompute == "full":
+        checkpoint_blocks(gpt.blocks)
+    elif recompute == "selective":
+        selective_blocks(gpt.blocks)
+    ids = torch.randint(0, config.vocab_size, (B, config.block_size + 1),
+                        generator=torch.Generator().manual_seed(0))
+
+    def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, config.vocab_size), targets.reshape(-1))
+
+    peak = measure_peak_memory(gpt, torch.optim.AdamW(gpt.parameters()), ids[:, :-1],
+                               ids[:, 1:], lm_loss).peak
+    plan = price(config, B, 1, 0, recompute, 1e12, mixed=False)
+    gradients = 4 * gpt_num_params(config)
+    assert plan.bytes - gradients <= peak <= plan.bytes, (plan, peak)
 
 
 def test_plans_hold_module_7s_bytes_per_parameter_and_communicate_only_with_peers():

@@ -9,10 +9,10 @@ too; 3: parameters too, as FSDP) and a recomputation ("none"; "selective": atten
   lib_dist's ZeRO-1 and ZeRO-2 also keep the float32 copy of the shard they step, which mixed
   precision counts as the master weights), plus module 2's activations
   (`gpt_activation_bytes`, float32) less what recomputation drops, plus what a plan holds for
-  a moment: with full recomputation one block's activations, recomputed during its backward;
-  under stage 3 the gathered root and one gathered block (two with prefetch); under stage 2
-  one bucket of full gradients. A budget to plan with, like module 2's four-way sum: the real
-  peak also holds the backward's temporaries (measure it);
+  a moment: the backward pass's own tensors at its fullest (`backward_bytes`); under stage 3
+  the gathered root and one gathered block (two with prefetch), and their full gradients (a
+  unit's are whole until it reduce-scatters them); under stage 2 one bucket of full gradients. The gradients are counted whole, though the backward's peak comes before
+  most of them exist: the plan bounds the step's real peak, by at most the gradients' bytes;
 - time: the matrix products' FLOPs (6 per parameter of a matrix and token, plus attention's
   12 B T^2 C per layer), recomputation's extra forward FLOPs, at `flops` per second; and the
   communication under the alpha-beta model: the parameters' gradients' ring all-reduce (stages
@@ -45,7 +45,7 @@ class Plan:
     recompute: str
     state_bytes: float  # parameters, gradients, optimizer state
     activation_bytes: int  # saved by the forward pass for the backward pass
-    transient_bytes: float  # held for a moment: a recomputed block, a gathered unit, a bucket
+    transient_bytes: float  # held for a moment: the backward's tensors, a gathered unit, a bucket
     compute_s: float
     communication_s: float
     fits: bool
@@ -89,6 +89,40 @@ def activation_bytes(config: GPTConfig, batch_size: int, recompute: str = "none"
     return plain
 
 
+def backward_bytes(config: GPTConfig, batch_size: int, recompute: str = "none",
+                   seq_len: int | None = None) -> int:
+    """What the backward pass holds on top of the saved activations at its fullest moment,
+    float32, dropout 0: the larger of two moments, read from the CPU allocator op by op on the
+    tiny GPT (u = 4 B T C bytes, c = 4 B h T^2, l = 4 B T V, and H = 4 (2 B T C + 2 B T +
+    B T V) the head's saved tensors, freed before any block's backward):
+
+    - its start: the loss's two logit-sized gradients (of the log-probabilities, of the
+      logits), 2 l, every activation still saved;
+    - the last block's backward. "none": at attention's softmax, the weights' and the scores'
+      gradients (2 c) and those of the attention output and of v (2 u), the block's MLP half,
+      attention output and copy of v (12 u) already freed: 2 c - 10 u - H. "selective": the
+      same, plus the recomputed weights (c) and the recomputed q, k, v copies and output
+      (4 u), the v copy not yet freed (11 u freed): 3 c - 5 u - H. "full": the recomputed
+      block's activations (`layer_activation_bytes`) and its output (u), and then either the
+      gradient of its MLP's hidden layer (4 u) or, later, "none"'s 2 c - 10 u:
+      one block + u + max(4 u, 2 c - 10 u) - H.
+
+    The parameters' gradients made by then are left to the plan's gradients, counted whole.
+    """
+    _check(recompute=recompute)
+    B, T, C, h, V = (batch_size, seq_len or config.block_size, config.n_embd, config.n_head,
+                     config.vocab_size)
+    u, c, logits = 4 * B * T * C, 4 * B * h * T * T, 4 * B * T * V
+    head = 4 * (2 * B * T * C + 2 * B * T) + logits
+    if recompute == "full":
+        last = layer_activation_bytes(config, B, T) + u + max(4 * u, 2 * c - 10 * u) - head
+    elif recompute == "selective":
+        last = 3 * c - 5 * u - head
+    else:
+        last = 2 * c - 10 * u - head
+    return max(2 * logits, last)
+
+
 def step_flops(config: GPTConfig, batch_size: int, recompute: str = "none",
                seq_len: int | None = None) -> int:
     """FLOPs of a forward and backward pass's matrix products: 6 per matrix parameter and
@@ -126,12 +160,11 @@ def price(config: GPTConfig, batch_size: int, world_size: int, stage: int, recom
         state += 4 * P / N
     activations = activation_bytes(config, batch_size, recompute, T)
     param_bytes = 2 if mixed else 4
-    transient = 0.0
-    if recompute == "full":
-        transient += layer_activation_bytes(config, batch_size, T)
+    transient = float(backward_bytes(config, batch_size, recompute, T))
     if stage == 3:
         root = P - config.n_layer * block_params(config)
-        transient += param_bytes * (root + (2 if prefetch else 1) * block_params(config))
+        gathered = root + (2 if prefetch else 1) * block_params(config)
+        transient += 2 * param_bytes * gathered  # the parameters, and their full gradients
     elif stage == 2:
         transient += min(bucket_bytes, param_bytes * P)
     compute = step_flops(config, batch_size, recompute, T) / flops
@@ -176,5 +209,5 @@ def _check(stage: int = 0, recompute: str = "none") -> None:
         raise ValueError(f"recompute is one of {RECOMPUTE}, got {recompute!r}")
 
 
-__all__ = ["Plan", "RECOMPUTE", "STAGES", "activation_bytes", "best", "block_params",
-           "layer_activation_bytes", "plans", "price", "step_flops"]
+__all__ = ["Plan", "RECOMPUTE", "STAGES", "activation_bytes", "backward_bytes", "best",
+           "block_params", "layer_activation_bytes", "plans", "price", "step_flops"]
