@@ -1,6 +1,8 @@
 """The engine benchmarks that once broke without any test noticing, run as a user runs them, in
 their quickest mode: benchmarks/long_context.py (ring attention and the MoE layer on 2 ranks,
-512 tokens, one round) and benchmarks/capstone.py --quick (8 ranks, one layout, one round).
+512 tokens, one round), benchmarks/fsdp.py (recomputation, then ZeRO-2, FSDP and FSDP2 on 2
+ranks, one round of one step) and benchmarks/capstone.py --quick (8 ranks, one layout, one
+round).
 Each must exit 0 and print (and, for the capstone, write) every result it promises. The
 figures themselves depend on the machine and are not asserted (CONTRIBUTING.md)."""
 
@@ -34,6 +36,15 @@ def test_long_context_runs_in_its_quickest_mode():
     assert "2 ranks,   512 tokens: ring" in out, out
     assert "ring / all-gather time" in out, out
     assert "2 ranks, MoE step: lib_dist all_to_all" in out, out
+
+
+def test_fsdp_runs_in_its_quickest_mode():
+    out = run("fsdp.py", "--rounds", "1", "--steps", "1", "--ranks", "2").stdout
+    assert "lib_dist / torch.utils.checkpoint:" in out, out
+    assert "2 ranks: ZeRO-2" in out and "FSDP2" in out, out
+    for way in ("ZeRO-2", "lib_dist", "prefetch"):
+        assert f"{way} / FSDP2:" in out, out
+    assert "ZeRO-2 holds" in out, out
 
 
 def test_capstone_runs_in_its_quickest_mode_and_writes_its_results(tmp_path):
