@@ -23,9 +23,9 @@ CONFIG = GPTConfig(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=16)
 B = 4
 
 
-def model(recompute: str) -> GPT:
+def model(recompute: str, config: GPTConfig = CONFIG) -> GPT:
     torch.manual_seed(0)
-    gpt = GPT(CONFIG)
+    gpt = GPT(config)
     if recompute == "full":
         checkpoint_blocks(gpt.blocks)
     elif recompute == "selective":
@@ -77,12 +77,7 @@ LONG = GPTConfig(vocab_size=40, block_size=64, n_layer=2, n_head=8, n_embd=32)
 def test_a_plan_bounds_the_real_peak_by_at_most_its_gradients(config, recompute):
     # one rank, AdamW: the plan counts the gradients whole, the backward peaks before they all
     # exist, so the measured peak lies between the plan less its gradients and the plan
-    torch.manual_seed(0)
-    gpt = GPT(config)
-    if recompute == "full":
-        checkpoint_blocks(gpt.blocks)
-    elif recompute == "selective":
-        selective_blocks(gpt.blocks)
+    gpt = model(recompute, config)
     ids = torch.randint(0, config.vocab_size, (B, config.block_size + 1),
                         generator=torch.Generator().manual_seed(0))
 
