@@ -7,8 +7,9 @@ peak the CPU allocator saw.
 2. Sharding, on N = 2 and 4 engines of a `Cluster` (gloo): the same GPT under lib_dist's ZeRO-2
    (`Zero2Optimizer`: replicated parameters, gradients and AdamW's state sharded), under its
    `FSDP` (units: the blocks), without and with prefetch, and under torch's FSDP2
-   (`fully_shard` on each block, then the root), AdamW. Per rank: milliseconds per step and the step's peak
-   (`measure_peak_memory`); the slowest rank's time and the largest peak are reported.
+   (`fully_shard` on each block, then the root), AdamW. Per rank: milliseconds per step and
+   the step's peak (`measure_peak_memory`); the slowest rank's time and the largest peak are
+   reported.
 
 `--device cuda` runs the same on a GPU (`--ranks 1` on one GPU: NCCL), the peak from CUDA's
 allocator (`torch.cuda.max_memory_allocated`) instead of the CPU profiler.

@@ -32,6 +32,7 @@ from lib_dist.comm import CommError
 from lib_dist.comm.mesh import coordinates
 from lib_dist.three_d import Layout
 from lib_dist.three_d.checkpoint import latest
+from lib_dist.three_d.model import NAMES
 from lib_dist.three_d.resume import crashed_at, train
 
 from test_three_d import BATCH, CONFIG, batches, one_process
@@ -40,7 +41,7 @@ from tolerances import gpt_terms, rounding
 pytestmark = [pytest.mark.timeout(300), pytest.mark.cluster]
 
 N, BEFORE = 8, Layout(2, 2, 2)
-SHAPE, NAMES = (2, 2, 2), ("dp", "pp", "tp")  # BEFORE as a mesh
+SHAPE = (BEFORE.dp, BEFORE.pp, BEFORE.tp)  # BEFORE as a mesh of NAMES
 AFTER = [Layout(2, 2, 2), Layout(4, 1, 2)]  # the same layout, and pp=2 -> 1, dp=2 -> 4
 STEPS, CYCLE, EVERY = 4, 3, 2
 VICTIM, DIES_AT = 3, 3  # rank 3 (dp 0, pp 1, tp 1: a writer of shards) dies before step 3

@@ -11,8 +11,9 @@ too; 3: parameters too, as FSDP) and a recomputation ("none"; "selective": atten
   (`gpt_activation_bytes`, float32) less what recomputation drops, plus what a plan holds for
   a moment: the backward pass's own tensors at its fullest (`backward_bytes`); under stage 3
   the gathered root and one gathered block (two with prefetch), and their full gradients (a
-  unit's are whole until it reduce-scatters them); under stage 2 one bucket of full gradients. The gradients are counted whole, though the backward's peak comes before
-  most of them exist: the plan bounds the step's real peak, by at most the gradients' bytes;
+  unit's are whole until it reduce-scatters them); under stage 2 one bucket of full
+  gradients. The gradients are counted whole, though the backward's peak comes before most
+  of them exist: the plan bounds the step's real peak, by at most the gradients' bytes;
 - time: the matrix products' FLOPs (6 per parameter of a matrix and token, plus attention's
   12 B T^2 C per layer), recomputation's extra forward FLOPs, at `flops` per second; and the
   communication under the alpha-beta model: the parameters' gradients' ring all-reduce (stages

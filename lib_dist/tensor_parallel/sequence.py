@@ -98,7 +98,7 @@ class SequenceParallelBlock(nn.Module):
         keep = 1.0 - self.dropout
         whole = y.new_empty(B, mine * self.comm.world_size, C)
         mask = whole.bernoulli_(keep, generator=self._generator).div_(keep)
-        return y * mask[:, self.comm.rank * mine:(self.comm.rank + 1) * mine]
+        return y * shard_sequence(mask, self.comm)  # a copy of the slice: the rest is freed
 
     def replicated_parameters(self) -> list[nn.Parameter]:
         """The parameters every rank holds whole, whose gradients each rank sees only for its
