@@ -202,10 +202,10 @@ def main() -> None:
         before, params = found["before"], GPT(CONFIG).num_params() * 4
         rise = {w: peak[w] - (before[w] if args.device == "cpu" else 0) for w in SHARDED}
         print(f"  ZeRO-2 holds {before['ZeRO-2'] / mib:.2f} MiB before the step, FSDP2 "
-              f"{before['FSDP2'] / mib:.2f}: its whole parameters less FSDP2's 1/{n} "
-              f"({params * (1 - 1 / n) / mib:.2f} MiB) and the float32 copy of its shard that "
-              f"it steps ({params / n / mib:.2f}); the step adds {rise['ZeRO-2'] / mib:.2f} MiB "
-              f"to it, {rise['FSDP2'] / mib:.2f} to FSDP2's")
+              f"{before['FSDP2'] / mib:.2f}: its whole parameters, less FSDP2's 1/{n} "
+              f"({params * (1 - 1 / n) / mib:.2f} MiB; it steps its shard of them in place); "
+              f"the step adds {rise['ZeRO-2'] / mib:.2f} MiB to it, "
+              f"{rise['FSDP2'] / mib:.2f} to FSDP2's")
         if args.device == "cpu":
             block = sum(p.numel() for p in GPT(CONFIG).blocks[0].parameters()) * 4
             print(f"  (the CPU profiler sees only the main thread's allocations: prefetch's "

@@ -139,6 +139,7 @@ LABS: dict[str, Lab] = {
          *(f"lib_dist.sharding.zero2:Zero2Optimizer.{method}" for method in (
              "__init__", "_on_grad_ready", "_reduce", "step", "zero_grad")),
          "lib_dist.sharding.zero2:Bucket.__init__", "lib_dist.sharding.zero2:Bucket.my_chunk",
+         "lib_dist.sharding.zero2:Bucket.hold_parameters",
          "lib_dist.sharding.fsdp:Gathered.forward", "lib_dist.sharding.fsdp:Gathered.backward",
          *(f"lib_dist.sharding.fsdp:Unit.{method}" for method in (
              "__init__", "gather", "saved_again")),

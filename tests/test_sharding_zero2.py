@@ -154,7 +154,8 @@ def test_a_second_backward_before_step_is_refused_saying_why():
 @pytest.mark.parametrize("stage", [1, 2])
 def test_a_steps_peak_counts_the_shards_as_held_before_it(stage):
     # measure_peak_memory reads what the optimizer holds from its param_groups (the float64
-    # shards it steps) and its state (their two AdamW moments and step counters). One rank:
+    # shards it steps) and its state (their two AdamW moments and step counters). ZeRO-1 steps
+    # a copy of its shard; ZeRO-2's shards are views of the parameters, counted once. One rank:
     # torch's profiler runs once at a time in a process, and the ranks here are threads
     from lib_dist.train import measure_peak_memory
     from lib_dist.train.memory import optimizer_state_bytes
@@ -170,4 +171,46 @@ def test_a_steps_peak_counts_the_shards_as_held_before_it(stage):
         return own, shards, optimizer_state_bytes(opt), optimizer_state_bytes(opt, False)
 
     for own, shards, state, moments in SimulatedWorld(1).run(held):
-        assert moments == 2 * shards > 0 and own == shards + state
+        assert moments == 2 * shards > 0 and own == (shards if stage == 1 else 0) + state
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_in_the_parameters_dtype_the_shards_are_the_parameters_own_memory(n):
+    # what the optimizer steps is a view of the parameters' bucket buffer: after a step every
+    # rank's parameters are the gathered shards, and no rank holds a copy of its shard
+    base = model()  # built once: the ranks are threads, and share torch's generator
+
+    def body(comm):
+        net = copy.deepcopy(base)
+        opt = Zero2Optimizer(net.parameters(), comm, torch.optim.AdamW,
+                             bucket_bytes=BUCKET_BYTES, **ADAMW)
+        loss(net, *batch(0, comm.rank)).backward()
+        opt.step()
+        aliased = all(shard.untyped_storage().data_ptr()
+                      == bucket.params[0].untyped_storage().data_ptr()
+                      for bucket, shard in zip(opt.buckets, opt.shards))
+        return aliased, [p.detach().clone() for p in net.parameters()]
+
+    results = SimulatedWorld(n).run(body)
+    assert all(aliased for aliased, _ in results)
+    for _, params in results[1:]:  # every rank holds the same, whole parameters
+        assert all(torch.equal(a, b) for a, b in zip(params, results[0][1]))
+    expected, _ = SimulatedWorld(n).run(train, base, 1, 1)[0]
+    torch.testing.assert_close(results[0][1], expected, rtol=0, atol=1e-15)  # ZeRO-1's
+
+
+def test_in_bf16_each_rank_steps_a_float32_master_copy_of_its_shard():
+    base = model().to(torch.bfloat16)
+
+    def body(comm):
+        net = copy.deepcopy(base)
+        opt = Zero2Optimizer(net.parameters(), comm, torch.optim.SGD, lr=0.5)
+        x, y = batch(0, comm.rank)
+        loss(net, x.to(torch.bfloat16), y.to(torch.bfloat16)).backward()
+        opt.step()
+        master = torch.cat(comm.all_gather(opt.shards[0].detach()))
+        flat = torch.cat([p.detach().reshape(-1) for p in opt.buckets[0].params])
+        return opt.shards[0].dtype, flat.dtype, torch.equal(master[:flat.numel()].bfloat16(), flat)
+
+    for shard_dtype, param_dtype, same in SimulatedWorld(2).run(body):
+        assert (shard_dtype, param_dtype, same) == (torch.float32, torch.bfloat16, True)

@@ -6,8 +6,9 @@ too; 3: parameters too, as FSDP) and a recomputation ("none"; "selective": atten
 "full": each block keeps only its input). For each plan, per rank:
 
 - memory: module 7's bytes per parameter under the stage (`zero_bytes_per_rank`; in float32,
-  lib_dist's ZeRO-1 and ZeRO-2 also keep the float32 copy of the shard they step, which mixed
-  precision counts as the master weights), plus module 2's activations
+  lib_dist's ZeRO-1 also keeps the float32 copy of the shard it steps, which mixed precision
+  counts as the master weights; ZeRO-2 steps its shard of the parameters in place), plus
+  module 2's activations
   (`gpt_activation_bytes`, float32) less what recomputation drops, plus what a plan holds for
   a moment: the backward pass's own tensors at its fullest (`backward_bytes`); under stage 3
   the gathered root and one gathered block (two with prefetch), and their full gradients (a
@@ -157,7 +158,7 @@ def price(config: GPTConfig, batch_size: int, world_size: int, stage: int, recom
     N, T = world_size, seq_len or config.block_size
     P = gpt_num_params(config)
     state = zero_bytes_per_rank(stage, N, mixed).total * P
-    if stage in (1, 2) and not mixed:  # the float32 copy of the shard they step
+    if stage == 1 and not mixed:  # the float32 copy of the shard ZeRO-1 steps
         state += 4 * P / N
     activations = activation_bytes(config, batch_size, recompute, T)
     param_bytes = 2 if mixed else 4

@@ -9,6 +9,11 @@ of N and reduce-scattered: rank r receives the average of chunk r, keeps it as t
 its shard of the bucket, and the full gradients are freed at once. A rank then holds at most
 one bucket of full gradients, plus its shards' gradients (P / N).
 
+Where the parameters and the optimizer share a dtype (float32, say), each bucket's parameters
+move into one flat buffer, and the optimizer steps this rank's chunk of it in place: what it
+steps is a view of the parameters, not a copy (a copy would cost P / N more). With fp16 or bf16
+parameters it steps a float32 copy of the chunk: mixed precision's master weights.
+
 One step is the same traffic as stage 1: a reduce-scatter of every gradient (in buckets) and
 an all-gather of the updated shards, bucket by bucket: 2 x (N - 1) / N x P numbers sent per
 rank, what one all-reduce sends.
@@ -43,6 +48,7 @@ class Bucket:
         self.start = rank * self.chunk
         self.ready: set[int] = set()  # ids of the parameters whose gradient is complete
         self.reduced = False
+        self.flat_params: torch.Tensor | None = None  # (N * chunk,), once `hold_parameters`
 
     def flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The tensors flattened, one after another, zero-padded to N chunks: (N * chunk,)."""
@@ -52,6 +58,17 @@ class Bucket:
         """This rank's chunk of the parameters, as they are now: (chunk,)."""
         with torch.no_grad():
             return self.flat([p.detach() for p in self.params])[self.start:self.start + self.chunk]
+
+    def hold_parameters(self) -> torch.Tensor:
+        """Move the parameters into one flat buffer, each a view of its piece, and return this
+        rank's chunk of the buffer: a view too, so stepping it in place steps the parameters."""
+        with torch.no_grad():
+            self.flat_params = self.flat([p.detach() for p in self.params])
+        offset = 0
+        for p in self.params:  # p keeps its identity (and the module's reference to it)
+            p.data = self.flat_params[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return self.flat_params[self.start:self.start + self.chunk]
 
 
 class Zero2Optimizer:
@@ -71,7 +88,11 @@ class Zero2Optimizer:
         self.buckets = [Bucket([self.params[i] for i in group], comm.world_size, comm.rank)
                         for group in plan_buckets(self.params, bucket_bytes)]
         self.bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        self.shards = [b.my_chunk().to(master).clone().requires_grad_() for b in self.buckets]
+        self.shards: list[torch.Tensor]  # what the optimizer steps: one chunk per bucket
+        if master == self.dtype:  # step the parameters' own chunk, in place
+            self.shards = [torch.nn.Parameter(b.hold_parameters()) for b in self.buckets]
+        else:  # a float32 copy of the chunk: the master weights
+            self.shards = [b.my_chunk().to(master).clone().requires_grad_() for b in self.buckets]
         self.optimizer = optimizer_class(self.shards, **hyperparameters)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
                        for p in self.params]
@@ -118,10 +139,15 @@ class Zero2Optimizer:
             self._reduce(index)
         self.optimizer.step()
         for bucket, shard in zip(self.buckets, self.shards):
-            gathered = torch.cat(self.comm.all_gather(shard.detach().to(self.dtype)))
-            pieces = gathered[:bucket.numel].split([p.numel() for p in bucket.params])
-            for p, piece in zip(bucket.params, pieces):
-                p.copy_(piece.view_as(p))
+            chunks = self.comm.all_gather(shard.detach().to(self.dtype))
+            if bucket.flat_params is None:  # the master copy's chunks, into each parameter
+                pieces = torch.cat(chunks)[:bucket.numel].split([p.numel() for p in bucket.params])
+                for p, piece in zip(bucket.params, pieces):
+                    p.copy_(piece.view_as(p))
+                continue
+            others = [r for r in range(len(chunks)) if r != self.comm.rank]  # ours is in place
+            for rank in others:
+                bucket.flat_params[rank * bucket.chunk:(rank + 1) * bucket.chunk].copy_(chunks[rank])
         self._start_over()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
