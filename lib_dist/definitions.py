@@ -27,6 +27,7 @@ import ast
 import json
 import linecache
 import symtable
+import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,12 +127,22 @@ def _what_it_defines(statements: list[ast.stmt], any_cells: bool) -> str:
 
 
 def _run(source: str, path: Path) -> types.ModuleType:
-    """Execute `source` as a fresh module; tracebacks show its lines (via linecache)."""
+    """Execute `source` as a fresh module; tracebacks show its lines (via linecache).
+
+    The module is compiled with the notebook's own `__future__` imports, not this file's, and
+    is in `sys.modules` as an imported module is: a `@dataclass` looks its class's module up
+    there (for string annotations), as pickling does."""
     filename = f"<definitions from {path}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = types.ModuleType(f"notebook_{path.stem}")
     module.__file__ = str(path)
-    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)  # noqa: S102
+    except BaseException:
+        if sys.modules.get(module.__name__) is module:
+            del sys.modules[module.__name__]
+        raise
     return module
 
 

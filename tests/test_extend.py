@@ -139,3 +139,16 @@ def test_a_blank_release_is_unanswered_and_falls_back():
         definitions(path, "cross_entropy")
     defs = definitions(path, "cross_entropy", fallback=lib_dist.losses)
     assert defs.cross_entropy is lib_dist.losses.cross_entropy
+
+
+@pytest.mark.parametrize("future", ["", "from __future__ import annotations\n"])
+def test_a_dataclass_loads_with_the_notebooks_own_future_imports(tmp_path, future):
+    # a @dataclass looks its class's module up in sys.modules (string annotations); and the
+    # notebook's code is compiled with its own __future__ imports, not the loader's
+    cell = (f"{future}from dataclasses import dataclass, field\n\n\n@dataclass\nclass Pair:\n"
+            "    left: int\n    right: list = field(default_factory=list)\n")
+    nb = new_notebook(cells=[new_code_cell(cell)])
+    nbformat.write(nb, tmp_path / "answers.ipynb")
+    Pair = definitions(tmp_path / "answers.ipynb", "Pair").Pair
+    assert Pair(1).right == [] and Pair(2, [3]) == Pair(2, [3])
+    assert Pair.__annotations__["left"] == ("int" if future else int)
