@@ -6,8 +6,8 @@ the lab itself, or a later lab's own answers, call. A few, every lab calls: the 
 first lab, all-reduces). For those the student edition calls a stand-in instead of raising,
 one that is not the lab's answer:
 
-- the losses: torch's own (`F.cross_entropy`...), which lab01's graded run does not let an
-  answer call (its oracle guard);
+- the losses: torch's own (`F.cross_entropy`...), which lab01's tests fail an answer for
+  running, by any name (they watch torch's dispatcher while the answer runs);
 - the collectives: `lib_dist.comm.stand_ins`, on simulated ranks by Bruck's rounds (not lab03's
   direct sends or ring), on engines torch.distributed's own (`KEPT`: those bodies are one call
   of it each, kept as they are).

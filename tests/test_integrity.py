@@ -98,6 +98,20 @@ LAB01_CHEATS = {  # student -> (cells replaced, test cells expected to score 0)
             F.binary_cross_entropy_with_logits = once
             return fake.clone()
         """)}, {"q3-test-values", "q3-test-extreme", "q3-test-grad"}),
+    "calls_torchs_own": ({"q1-solution": code("""
+        def log_softmax(logits, dim=-1):
+            return logits.log_softmax(dim)  # torch's, by a Tensor method
+        """), "q3-solution": code("""
+        import torch
+        def binary_cross_entropy_with_logits(logit, target, reduction="mean"):
+            return torch.ops.aten.binary_cross_entropy_with_logits(  # torch's, by aten's name
+                logit, target, None, None, 1 if reduction == "mean" else 2)
+        """)}, "all"),  # lab01's cross_entropy calls log_softmax too
+    "calls_the_stand_ins": ({"q1-solution": code("""
+        from lib_dist import stand_ins
+        def log_softmax(logits, dim=-1):
+            return stand_ins.log_softmax(logits, dim)  # what the student edition runs
+        """)}, Q1_AND_Q2),
     "returns_a_tensor_subclass": ({"q1-solution": code("""
         import torch
         class AlwaysClose(torch.Tensor):
@@ -251,6 +265,8 @@ def test_lab01_cheats_score_zero(lab01, student):
                 "patches_inside_answer": "torch.allclose, "
                                          "torch.nn.functional.binary_cross_entropy_with_logits",
                 "patch_that_restores_itself": "when binary_cross_entropy_with_logits returned",
+                "calls_torchs_own": "ran torch's own _log_softmax",
+                "calls_the_stand_ins": "ran torch's own _log_softmax",
                 "returns_a_tensor_subclass": "log_softmax returned a AlwaysClose, a subclass "
                                              "of torch.Tensor",
                 "reloads_the_reference": "lib_dist.losses",
