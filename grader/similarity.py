@@ -69,14 +69,17 @@ def release_code(nb: nbformat.NotebookNode) -> str:
 
 
 def library_code(lab: str) -> str:
-    """The source of lib_dist's own versions of what `lab` asks for, one after another, then
-    `stand_in_code(lab)`; empty for a lab that has none."""
+    """The source of lib_dist's own versions of what `lab` asks for, one after another (of a
+    method, its whole class: a copy takes the class), then `stand_in_code(lab)`; empty for a
+    lab that has none."""
     from lib_dist.extend import LABS
     from lib_dist.integrity.stubs import lookup
 
     sources: list[str] = []
     for name in LABS[lab].references if lab in LABS else ():
-        obj = lookup(name)
+        module, _, qualname = name.partition(":")
+        owner = qualname.rpartition(".")[0]
+        obj = lookup(f"{module}:{owner}" if owner else name)
         if isinstance(obj, property):
             obj = obj.fget
         obj = inspect.unwrap(obj)
