@@ -129,9 +129,10 @@ def _what_it_defines(statements: list[ast.stmt], any_cells: bool) -> str:
 def _run(source: str, path: Path) -> types.ModuleType:
     """Execute `source` as a fresh module; tracebacks show its lines (via linecache).
 
-    The module is compiled with the notebook's own `__future__` imports, not this file's, and
-    is in `sys.modules` as an imported module is: a `@dataclass` looks its class's module up
-    there (for string annotations), as pickling does."""
+    The module is compiled with the notebook's own `__future__` imports, not this file's. It
+    is in `sys.modules` while it runs, as an imported module is: a `@dataclass` looks its
+    class's module up there (for string annotations). Not after: what it defines is then
+    pickled by value, as an engine that never loaded the notebook needs it."""
     filename = f"<definitions from {path}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = types.ModuleType(f"notebook_{path.stem}")
@@ -139,10 +140,9 @@ def _run(source: str, path: Path) -> types.ModuleType:
     sys.modules[module.__name__] = module
     try:
         exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)  # noqa: S102
-    except BaseException:
+    finally:
         if sys.modules.get(module.__name__) is module:
             del sys.modules[module.__name__]
-        raise
     return module
 
 

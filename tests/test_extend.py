@@ -6,8 +6,11 @@ cells that must never run, a cell that does not parse, redefinitions and unanswe
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import traceback
 
+import cloudpickle
 import nbformat
 import pytest
 import torch
@@ -152,3 +155,8 @@ def test_a_dataclass_loads_with_the_notebooks_own_future_imports(tmp_path, futur
     Pair = definitions(tmp_path / "answers.ipynb", "Pair").Pair
     assert Pair(1).right == [] and Pair(2, [3]) == Pair(2, [3])
     assert Pair.__annotations__["left"] == ("int" if future else int)
+    # pickled by value, as engines receive answers: the notebook's module exists nowhere else
+    there = subprocess.run([sys.executable, "-c", "import pickle, sys\n"
+                            "print(pickle.loads(sys.stdin.buffer.read())(4, [5]).right)"],
+                           input=cloudpickle.dumps(Pair), capture_output=True)
+    assert there.stdout.decode().strip() == "[5]", there.stderr.decode()[-2000:]
