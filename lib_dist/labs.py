@@ -17,7 +17,8 @@ class Lab:
         nothing else of the student's code.
     references: lib_dist's own versions of them, as "module:qualname", switched off while
         the lab is graded: a call raises `lib_dist.integrity.AskedToWrite`.
-    oracles: what the tests compare an answer with, as "module:qualname"; an answer that is
+    oracles: what the tests compare an answer with (or what the student edition runs in its
+        place, `lib_dist.stand_ins`), as "module:qualname"; an answer that is
         one of them, or a subclass of one, is not taken while the lab is graded, and the
         student's code may not build or call one while an answer runs
         (`lib_dist.integrity.oracles`); the tests themselves use them freely.
@@ -55,7 +56,13 @@ LABS: dict[str, Lab] = {
         ("broadcast", "all_gather", "reduce_scatter", "ring_all_reduce"),
         ("lib_dist.comm.algorithms:ring", "lib_dist.comm.algorithms:gather_broadcast",
          *(f"lib_dist.comm:{cls}.{op}" for cls in ("Communicator", "TorchCommunicator")
-           for op in _COLLECTIVES)), engines=True),
+           for op in _COLLECTIVES)),
+        # what the student edition runs in their place (Bruck's rounds, torch's own): correct
+        # collectives, but not the lab's, and not the student's
+        oracles=tuple(f"lib_dist.comm.stand_ins:{name}" for name in (
+            "broadcast", "all_gather", "reduce_scatter", "all_reduce", "native_all_reduce",
+            "_all_reduce", "_bruck_gather", "_bruck_scatter")),
+        engines=True),
     "lab04_data_parallel": Lab(
         ("ShardSampler", "average_gradients", "DataParallel"),
         ("lib_dist.data_parallel:average_gradients",

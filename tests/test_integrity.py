@@ -160,6 +160,24 @@ LAB03_CHEATS = {
                 tensor /= comm.world_size
             return tensor
         """)}, {"q4-test-sizes", "q4-test-trace", "q4-test-cluster"}),
+    "calls_the_stand_ins": ({  # what the student edition runs in their place: not the answers
+        "q1-solution": code("""
+        from lib_dist.comm import stand_ins
+        def broadcast(comm, tensor, root=0):
+            return stand_ins.broadcast(comm, tensor, root)
+        """), "q2-solution": code("""
+        from lib_dist.comm import stand_ins
+        def all_gather(comm, tensor):
+            return stand_ins.all_gather(comm, tensor)
+        """), "q3-solution": code("""
+        from lib_dist.comm import stand_ins
+        def reduce_scatter(comm, tensor, op="sum"):
+            return stand_ins._bruck_scatter(comm, tensor)  # a private one, reached directly
+        """), "q4-solution": code("""
+        from lib_dist.comm import stand_ins
+        def ring_all_reduce(comm, tensor, op="sum"):
+            return stand_ins.all_reduce(comm, tensor, op)
+        """)}, "all"),
     "does_nothing_but_patches_comparisons": (DO_NOTHING | {"q1-solution": DO_NOTHING[
         "q1-solution"] + code("""
         import torch
@@ -282,6 +300,7 @@ def test_lab01_cheats_score_zero(lab01, student):
 def test_lab03_cheats_score_zero(lab03, student):
     errors = check_cheat(lab03, LAB03, LAB03_CHEATS, student)
     expected = {"wraps_the_reference_ring": "lib_dist.comm.algorithms.ring is lib_dist's own",
+                "calls_the_stand_ins": "lib_dist.comm.stand_ins.broadcast is what the tests",
                 # top-level patches: never run; the answers do nothing
                 "does_nothing_but_patches_comparisons": "should hold the root's",
                 "does_nothing_but_redefines_helpers": "should hold the root's",
