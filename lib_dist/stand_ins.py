@@ -10,7 +10,8 @@ one that is not the lab's answer:
   running, by any name (they watch torch's dispatcher while the answer runs);
 - the collectives: `lib_dist.comm.stand_ins`, on simulated ranks by Bruck's rounds (not lab03's
   direct sends or ring), on engines torch.distributed's own (`KEPT`: those bodies are one call
-  of it each, kept as they are).
+  of it each, kept as they are); lab03's graded run refuses an answer that calls them (they
+  are its oracles, `lib_dist.labs`).
 
 Until a student registers their own answers (`lib_dist.registry.use_my_answers`), these are
 what lib_dist runs in their kernel.
