@@ -79,10 +79,7 @@ def library_code(lab: str) -> str:
     for name in LABS[lab].references if lab in LABS else ():
         module, _, qualname = name.partition(":")
         owner = qualname.rpartition(".")[0]
-        obj = lookup(f"{module}:{owner}" if owner else name)
-        if isinstance(obj, property):
-            obj = obj.fget
-        obj = inspect.unwrap(obj)
+        obj = inspect.unwrap(lookup(f"{module}:{owner}" if owner else name))
         source = textwrap.dedent(inspect.getsource(obj))
         if source not in sources:
             sources.append(source)

@@ -140,14 +140,15 @@ class Zero2Optimizer:
         self.optimizer.step()
         for bucket, shard in zip(self.buckets, self.shards):
             chunks = self.comm.all_gather(shard.detach().to(self.dtype))
-            if bucket.flat_params is None:  # the master copy's chunks, into each parameter
+            if bucket.flat_params is not None:  # ours was stepped in place: the others' chunks
+                rows = bucket.flat_params.view(len(chunks), bucket.chunk)
+                for rank, chunk in enumerate(chunks):
+                    if rank != self.comm.rank:
+                        rows[rank].copy_(chunk)
+            else:  # the master copy's chunks, into each parameter
                 pieces = torch.cat(chunks)[:bucket.numel].split([p.numel() for p in bucket.params])
                 for p, piece in zip(bucket.params, pieces):
                     p.copy_(piece.view_as(p))
-                continue
-            others = [r for r in range(len(chunks)) if r != self.comm.rank]  # ours is in place
-            for rank in others:
-                bucket.flat_params[rank * bucket.chunk:(rank + 1) * bucket.chunk].copy_(chunks[rank])
         self._start_over()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
