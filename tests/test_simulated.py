@@ -359,6 +359,43 @@ def test_endless_compute_loop_gives_the_waiting_peer_a_timeout():
     assert "rank 0 had not finished" in str(err)
 
 
+def test_a_wait_past_its_timeout_is_stretched_by_the_load_seen_then(monkeypatch):
+    """A peer slower than `timeout` on a busy machine is waited for: once the timeout runs
+    out, the wait is stretched by the load read then (here, as if three times over)."""
+    import lib_dist.comm.simulated as simulated
+
+    asked = []
+
+    def thrice(seconds):
+        asked.append(seconds)
+        return 3 * seconds
+
+    monkeypatch.setattr(simulated, "stretched", thrice)
+
+    def slow_sender(comm):
+        if comm.rank == 0:
+            time.sleep(0.5)  # past the 0.3 s timeout, within 0.9
+            comm.send(torch.ones(2), 1)
+            return None
+        out = torch.empty(2)
+        comm.recv(out, 0)
+        return out
+
+    results = SimulatedWorld(2, timeout=0.3).run(slow_sender)
+    assert_same(results[1], torch.ones(2))
+    assert asked == [0.3]  # the load is read once the timeout ran out, not on every wait
+
+    def never_sends(comm):
+        if comm.rank == 0:
+            time.sleep(1.5)
+            return None
+        comm.recv(torch.empty(2), 0)
+
+    err = run_failing(SimulatedWorld(2, timeout=0.3), never_sends)
+    assert isinstance(err.exceptions[1], CommTimeout)
+    assert "did not complete within 0.3 s (waited 0.9 s:" in str(err.exceptions[1])
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 

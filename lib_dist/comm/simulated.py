@@ -48,7 +48,12 @@ class SimulatedWorld:
         self.timeout = timeout
         self.clock = clock
         self.trace = Trace()
-        self._cond = threading.Condition()
+        # One lock for the world; each rank sleeps on a condition of its own, woken only when
+        # one of its operations completes or fails (waking every rank on every message made
+        # the ranks' threads take turns for nothing).
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._turns = [threading.Condition(lock) for _ in range(world_size)]
         self._state = RunState()
 
     def communicators(self) -> list[SimulatedCommunicator]:
@@ -116,6 +121,7 @@ class SimulatedWorld:
                     for b in waiting:
                         b.done, b.vdone = True, last
                     s.barrier[op.tag], s.generation[op.tag] = [], op.generation + 1
+                    self._wake(*(b.rank for b in waiting))
             else:
                 src, dst = (op.rank, op.peer) if op.kind == "send" else (op.peer, op.rank)
                 channel = (op.tag, src, dst)
@@ -123,10 +129,16 @@ class SimulatedWorld:
                 if theirs[channel]:
                     other = theirs[channel].popleft()
                     self._match(*((op, other) if op.kind == "send" else (other, op)))
+                    self._wake(other.rank)
                 else:
                     mine[channel].append(op)
-            self._cond.notify_all()
         return op
+
+    def _wake(self, *ranks: int) -> None:
+        """Wake the ranks waiting on an operation that may have completed or failed (every
+        thread of that rank: one left over from an earlier run rechecks and sleeps again)."""
+        for rank in ranks:
+            self._turns[rank].notify_all()
 
     def _match(self, send: Op, recv: Op) -> None:
         a, b = send.tensor, recv.tensor
@@ -144,34 +156,42 @@ class SimulatedWorld:
             send.done = recv.done = True
 
     def wait(self, op: Op) -> None:
-        # A busy machine starves the peer's thread, not the exchange: the wait grows with load.
-        limit = stretched(self.timeout)
-        deadline = time.monotonic() + limit
         s = op.state
         assert s is not None  # `post` gave it one
         with self._cond:
-            s.waiting[op.rank] = op
-            try:
-                while not op.done and op.error is None:
-                    self._find_deadlock(s)
-                    if op.done or op.error is not None:
-                        break
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise CommTimeout(
-                            f"rank {op.rank}: {op.describe()} did not complete within "
-                            f"{self.timeout:g} s" + ("" if limit == self.timeout else
-                                                     f" (waited {limit:.1f} s: {load_seen()})"))
-                    self._cond.wait(remaining)
-            finally:
-                del s.waiting[op.rank]
+            if not op.done and op.error is None:
+                s.waiting[op.rank] = op
+                try:
+                    self._sleep_until_done(op, s)
+                finally:
+                    del s.waiting[op.rank]
         if op.error is not None:
             raise op.error
+
+    def _sleep_until_done(self, op: Op, s: RunState) -> None:
+        # A busy machine starves the peer's thread, not the exchange: a wait that runs past
+        # `timeout` is stretched by the load seen then (read only then: a wait is short, and
+        # reading the load on each one took a fifth of a simulated step's time).
+        start, limit = time.monotonic(), self.timeout
+        while True:
+            self._find_deadlock(s)
+            if op.done or op.error is not None:
+                return
+            remaining = start + limit - time.monotonic()
+            if remaining <= 0 and limit < (longer := stretched(self.timeout)):
+                limit = longer
+                continue
+            if remaining <= 0:
+                raise CommTimeout(
+                    f"rank {op.rank}: {op.describe()} did not complete within "
+                    f"{self.timeout:g} s" + ("" if limit == self.timeout else
+                                             f" (waited {limit:.1f} s: {load_seen()})"))
+            self._turns[op.rank].wait(remaining)
 
     def _end(self, state: RunState, rank: int, how: str) -> None:
         with self._cond:
             state.ended[rank] = how
-            self._cond.notify_all()
+            self._wake(*range(self.world_size))
 
     def _find_deadlock(self, s: RunState) -> None:
         """Fail every wait of the run `s` that can no longer complete."""
@@ -192,8 +212,7 @@ class SimulatedWorld:
                 stuck[r].error = DeadlockError(
                     f"rank {r}: {stuck[r].describe()} can never complete: deadlock, every rank "
                     f"is waiting:\n{table}\n({hint})")
-        if stuck:
-            self._cond.notify_all()
+        self._wake(*(r for r, op in stuck.items() if op.error is not None))
 
 
 class SimulatedCommunicator(Communicator):
