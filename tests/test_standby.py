@@ -65,6 +65,7 @@ import json, os, sys
 import psutil
 torch_before = "torch" in sys.modules  # imported by the wrapper, before this module ran
 wave_before = "wave" in sys.modules  # its --import too
+controller_before = "ipyparallel.controller.app" in sys.modules
 from lib_dist.cluster import Cluster
 waiting = dict(item.split("=") for item in os.environ["LIB_DIST_STANDBY"].split(","))
 engines = int(waiting["engines"].split(":")[0])
@@ -72,15 +73,17 @@ with Cluster(2, timeout=30) as cluster:
     ranks = cluster.run(lambda comm: comm.rank)
     parents = [psutil.Process(r["pid"]).ppid() for r in cluster.ranks]
     engines_parent = psutil.Process(engines).ppid()
+    controller_parent = psutil.Process(cluster._ipp.controller.pid).ppid()
     preloaded = cluster.run(lambda comm: "wave" in sys.modules)
 print(json.dumps(dict(torch_before=torch_before, wave_before=wave_before, preloaded=preloaded,
                       argv=sys.argv[1:], path0=sys.path[0], name=__name__, me=os.getpid(),
                       engines=engines, engines_parent=engines_parent, ranks=ranks,
-                      parents=parents)))
+                      parents=parents, controller_before=controller_before,
+                      controller_parent=controller_parent)))
 '''
 
 
-def test_a_python_module_kernel_shares_torch_with_the_engine_host_forked_from_it(
+def test_a_python_module_kernel_shares_its_imports_with_the_hosts_forked_from_it(
         tmp_path: Path) -> None:
     (tmp_path / "module_kernel.py").write_text(MODULE_KERNEL)
     done = subprocess.run([sys.executable, standby.__file__, "--import", "wave", "--",
@@ -92,6 +95,7 @@ def test_a_python_module_kernel_shares_torch_with_the_engine_host_forked_from_it
     assert got["wave_before"] and got["preloaded"] == [True, True]  # one import, shared
     assert got["argv"] == ["-f", "x.json"] and got["path0"] == str(tmp_path)
     assert got["engines_parent"] == got["me"]  # the engine host is forked from the kernel
+    assert got["controller_before"] and got["controller_parent"] == got["me"]  # and the controller
     assert got["ranks"] == [0, 1] and set(got["parents"]) == {got["engines"]}
 
 

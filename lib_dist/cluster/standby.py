@@ -17,10 +17,11 @@ fork below (the kernel then shares it too), else by the engine host.
 Unclaimed, a standby dies with the kernel (parent-death signal) or when its pipe closes.
 
 When the kernel is this Python running a module (`python -m ipykernel_launcher ...`, what
-Jupyter starts), the wrapper imports torch first, forks the engine host from itself and runs
-the module in-process: kernel and engines then share one import of torch (over a CPU-second
-saved per graded submission), and of each `--import` module, instead of each paying for its
-own. Otherwise it execs the kernel.
+Jupyter starts), the wrapper imports torch and ipyparallel's controller first, forks the
+engine host and the controller host from itself and runs the module in-process: kernel,
+engines and controller then share one import of torch and ipyparallel (about three
+CPU-seconds saved per graded submission), and of each `--import` module, instead of each
+paying for its own. Otherwise it execs the kernel.
 
 Apart from those imports, this file is run by path and imports only the standard
 library: importing `lib_dist` (in a graded kernel, torch with it, and the lab's switched-off
@@ -41,6 +42,7 @@ from typing import Any
 
 ENV = "LIB_DIST_STANDBY"
 ENGINE_HOST = "from lib_dist.cluster.forked_engines import main; main()"
+CONTROLLER = "ipyparallel.controller.app"
 
 
 def claim(kind: str, argv: list[str], output: str, cwd: str, env: dict[str, str]) -> int | None:
@@ -130,7 +132,7 @@ def _import_for(kind: str, extra: list[str], imported: dict[str, Any]) -> None:
             _import_if_there(name)  # once here, not once in every engine
         imported["run"] = fork_engines
     else:
-        from ipyparallel.controller.app import main
+        main = importlib.import_module(CONTROLLER).main
 
         def run(argv: list[str]) -> None:
             sys.argv = ["ipcontroller", *argv]
@@ -157,16 +159,20 @@ def start(kind: str, extra: list[str]) -> str:
     return f"{kind}={host.pid}:{write}"
 
 
-def fork(kind: str, extra: list[str]) -> str:
+def fork(kind: str, extra: list[str], earlier: tuple[str, ...] = ()) -> str:
     """Fork a standby of `kind` from this process, with everything it has imported; its entry
-    for `LIB_DIST_STANDBY`. The child never returns."""
+    for `LIB_DIST_STANDBY`. `earlier`: the entries of standbys forked before it, whose pipes
+    it must not hold open. The child never returns."""
     read, write = os.pipe()
     kernel = os.getpid()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            os.close(write)  # else the pipe never closes when the kernel leaves it unclaimed
+            # else a pipe never closes when the kernel has written its claim, or left it
+            # unclaimed: this standby's, and those of the standbys forked before it
+            for fd in (write, *(int(entry.rpartition(":")[2]) for entry in earlier)):
+                os.close(fd)
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             standby(kind, extra, read, kernel)
             code = 0
@@ -215,12 +221,12 @@ def main() -> None:
     if module is not None:
         import torch  # noqa: F401 - once, for the kernel and the engine host forked from it
 
-        for name in imports:
+        for name in (*imports, CONTROLLER):
             _import_if_there(name)
         engines = fork("engines", [])
+        controller = fork("controller", [], earlier=(engines,))
     else:
-        engines = start("engines", imports)
-    controller = start("controller", [])
+        engines, controller = start("engines", imports), start("controller", [])
     os.environ[ENV] = f"{engines},{controller}"
     if module is not None:
         run_module(module)
