@@ -16,8 +16,6 @@ the release's order, a fresh key and nonce, and the number of a pipe, and reads 
 A test passes when exactly one verdict for it arrives, correctly signed, saying pass. A cell that
 runs past its timeout, or during which the judge dies, fails with the reason; the judge then
 starts again from the next cell (setup and helper cells run again, tests before it do not).
-Cells after the last test (stopping the cluster, a sample of text) are not run: they change no
-verdict, and their feedback says so.
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ from typing import IO, Any
 
 from lib_dist.patience import stretched
 
-NOT_RUN = "[grader] not run in the graded run: no test comes after this cell\n"
 STARTUP_SECONDS = 120  # the judge's start: imports, the lab's edition, loading the answers
 Launcher = Callable[[list[str], dict[str, str]], tuple[list[str], dict[str, str]]]
 
@@ -86,13 +83,9 @@ def judge(lab: str, answers: list[str], cells: list[Cell], cwd: Path, launch: La
     why a judge that died did (the sandbox's memory limit, say); `earlier`: the student's
     answers of earlier labs to run lib_dist on (`earlier_answers`, `autograde --own-answers`)."""
     found = Judgement({i: Result() for i in range(len(cells))})
-    # what follows the last test (stopping the cluster, a sample of text) changes no verdict
-    ran = cells[:1 + max((i for i, c in enumerate(cells) if c.graded), default=len(cells) - 1)]
-    for i in range(len(ran), len(cells)):
-        found.results[i].text = NOT_RUN
     start = 0
-    while start < len(ran):
-        reached = _run_once(lab, answers, ran, start, cwd, launch, timeout, log, found, died_why,
+    while start < len(cells):
+        reached = _run_once(lab, answers, cells, start, cwd, launch, timeout, log, found, died_why,
                             earlier or {})
         if reached is None:  # every cell ran
             break
