@@ -51,9 +51,8 @@ class SimulatedWorld:
         # One lock for the world; each rank sleeps on a condition of its own, woken only when
         # one of its operations completes or fails (waking every rank on every message made
         # the ranks' threads take turns for nothing).
-        lock = threading.RLock()
-        self._cond = threading.Condition(lock)
-        self._turns = [threading.Condition(lock) for _ in range(world_size)]
+        self._lock = threading.RLock()
+        self._turns = [threading.Condition(self._lock) for _ in range(world_size)]
         self._state = RunState()
 
     def communicators(self) -> list[SimulatedCommunicator]:
@@ -108,7 +107,7 @@ class SimulatedWorld:
     # -- matching, under the world's lock --------------------------------------------------
 
     def post(self, op: Op) -> Op:
-        with self._cond:
+        with self._lock:
             if op.state is None:
                 op.state = self._state
             s = op.state
@@ -158,7 +157,7 @@ class SimulatedWorld:
     def wait(self, op: Op) -> None:
         s = op.state
         assert s is not None  # `post` gave it one
-        with self._cond:
+        with self._lock:
             if not op.done and op.error is None:
                 s.waiting[op.rank] = op
                 try:
@@ -178,10 +177,11 @@ class SimulatedWorld:
             if op.done or op.error is not None:
                 return
             remaining = start + limit - time.monotonic()
-            if remaining <= 0 and limit < (longer := stretched(self.timeout)):
-                limit = longer
-                continue
             if remaining <= 0:
+                longer = stretched(self.timeout)
+                if limit < longer:
+                    limit = longer
+                    continue
                 raise CommTimeout(
                     f"rank {op.rank}: {op.describe()} did not complete within "
                     f"{self.timeout:g} s" + ("" if limit == self.timeout else
@@ -189,7 +189,7 @@ class SimulatedWorld:
             self._turns[op.rank].wait(remaining)
 
     def _end(self, state: RunState, rank: int, how: str) -> None:
-        with self._cond:
+        with self._lock:
             state.ended[rank] = how
             self._wake(*range(self.world_size))
 

@@ -45,7 +45,7 @@ class SimulatedGroup(Communicator):
         self.root: SimulatedCommunicator = (parent.root if isinstance(parent, SimulatedGroup)
                                             else parent)
         world, state = self.root.world, self.root._state
-        with world._cond:
+        with world._lock:
             trace = state.traces.setdefault(tag, Trace())
         super().__init__(members.index(self.root.rank), len(members), "cpu", trace=trace)
         self.world, self.members, self.tag = world, members, tag
