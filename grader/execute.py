@@ -36,6 +36,7 @@ from lib_dist.extend import LABS
 from lib_dist.patience import load_seen, stretched
 
 from .edition import judged_edition
+from .joining import SandboxLauncher
 from .judged import judge_notebook
 from .sandbox import SandboxedKernelManager, StandbyKernelManager, with_engines_started
 
@@ -103,7 +104,7 @@ class GradedExecute(Execute):
         try:
             nb = judge_notebook(
                 nb, resources, lab, release, cwd,
-                lambda argv, env: sandbox.sandboxed(argv, cwd, env, lab), self.timeout,
+                SandboxLauncher(sandbox, cwd, lab), self.timeout,
                 self._log, lambda: "the sandbox's memory limit" if sandbox.memory_limit_hit()
                 else "", own_answers=self.own_answers)
         finally:

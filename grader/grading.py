@@ -17,6 +17,7 @@ from .edition import student_edition
 from .lectures import lecture_edition
 from .errors import GradingError
 from .pool import grade_at_once
+from .joining import zygote
 from .processes import become_subreaper, descendants, sweep
 from .sandbox import unavailable
 from .submission import Outcome, Submission
@@ -115,6 +116,8 @@ def compile_library() -> None:
 
 def grade_one(course: Course, sub: Submission) -> Outcome:
     """Grade one submission with nbgrader, then end whatever it left running."""
+    if course.sandbox and course.judged:
+        zygote()  # started, if not already, before what the submission may leave is noted
     started, start, before = time.time(), time.monotonic(), descendants()
     target = course.submitted_notebook(sub.lab, sub.student)
     if sub.path.resolve() != target.resolve():  # else it is there already: `nbgrader collect`

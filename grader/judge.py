@@ -103,11 +103,16 @@ def _run_once(lab: str, answers: list[str], cells: list[Cell], start: int, cwd: 
     read_end, write_end = os.pipe()
     job = {"lab": lab, "answers": answers, "start": start, "key": key.hex(), "nonce": nonce,
            "channel": write_end, "cells": [vars(c) for c in cells], "earlier": earlier}
-    argv, env = launch([sys.executable, "-m", "lib_dist.integrity.judge"], dict(os.environ))
+    command = [sys.executable, "-m", "lib_dist.integrity.judge"]
+    joined = getattr(launch, "start", None)  # a judge forked with torch imported (grader.joining)
     try:
-        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log or subprocess.DEVNULL,
-                                   stderr=log or subprocess.DEVNULL, pass_fds=(write_end,),
-                                   cwd=cwd, env=env, start_new_session=True)
+        process = joined(command, dict(os.environ), log, write_end) if joined else None
+        if process is None:
+            argv, env = launch(command, dict(os.environ))
+            process = subprocess.Popen(argv, stdin=subprocess.PIPE,
+                                       stdout=log or subprocess.DEVNULL,
+                                       stderr=log or subprocess.DEVNULL, pass_fds=(write_end,),
+                                       cwd=cwd, env=env, start_new_session=True)
     finally:
         os.close(write_end)
     reader = _Reader(key, nonce, cells, found)

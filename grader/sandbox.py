@@ -122,7 +122,13 @@ class SandboxedKernelManager(AsyncKernelManager):
         _remove_cgroups(self.cgroups)
         shutil.rmtree(self.private, ignore_errors=True)
 
-    def _wrap(self, kernel_cmd: list[str], cwd: Path, work: Path) -> list[str]:
+    def wrapped(self, command: list[str], cwd: Path, bwrap_options: list[str]) -> list[str]:
+        """`command` in this sandbox, with more of bubblewrap's options, once `sandboxed` has
+        copied the work folder (`grader.joining`)."""
+        return self._wrap(command, cwd.resolve(), self.private / "work", bwrap_options)
+
+    def _wrap(self, kernel_cmd: list[str], cwd: Path, work: Path,
+              bwrap_options: list[str] | None = None) -> list[str]:
         limits = self.limits
         jail = [sys.executable, "-m", "grader.jail", f"--memory-mb={limits.memory_mb}", f"--file-size-mb={limits.file_size_mb}",
                 f"--processes={limits.processes}"]
@@ -140,7 +146,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             bwrap += ["--ro-bind", str(own), str(own)]
         if (cache := _tuner_cache()) is not None:
             bwrap += ["--ro-bind", str(cache), str(cache)]
-        bwrap += ["--chdir", str(cwd), "--unshare-pid", "--unshare-net", "--unshare-ipc",
+        bwrap += [*(bwrap_options or []), "--chdir", str(cwd), "--unshare-pid", "--unshare-net", "--unshare-ipc",
                   "--unshare-uts", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
                   "--die-with-parent", "--new-session",
                   "--setenv", "JPY_PARENT_PID", "1"]  # bwrap's init: the parent in here

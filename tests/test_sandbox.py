@@ -89,6 +89,24 @@ BIG_FILE = square_attacking("""
 with open("big.bin", "wb") as f:
     f.write(b"x" * (8 << 20))
 """)
+WHO_AM_I = square_attacking("""
+import json, os, socket
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=2)
+    net = "reached"
+except OSError:
+    net = "none"
+try:
+    open("/etc/lib_dist_probe", "w")
+    root = "writable"
+except OSError:
+    root = "read-only"
+print("WHO", json.dumps({"uid": os.getuid(), "ppid": os.getppid(), "net": net, "root": root,
+                         "pids": len([p for p in os.listdir("/proc") if p.isdigit()]),
+                         **{k: status[k].strip() for k in ("CapEff", "CapPrm", "CapBnd",
+                                                           "CapInh", "CapAmb", "NoNewPrivs")}}))
+""")
 # on the engines (the visible test's cluster.run), each rank tries to overwrite the tuner's
 # cache and leaves what it saw in a file; the judge's simulated rank 0 (the hidden test) prints
 # them with its own thread count
@@ -126,7 +144,8 @@ def hostile(tmp_path_factory):
     solved = synthetic.solved(course, LAB)
     folder = root / "incoming"
     attacks = {"db_writer": WRITE_EVERY_DB, "snoop": READ_SOLUTIONS, "daemon": DETACHED,
-               "hog": TOO_MUCH_MEMORY, "bomb": FORK_BOMB, "big_file": BIG_FILE}
+               "hog": TOO_MUCH_MEMORY, "bomb": FORK_BOMB, "big_file": BIG_FILE,
+               "who": WHO_AM_I}
     for student, source in attacks.items():
         synthetic.save(synthetic.with_cell(solved, "q1-solution", source), folder, student, LAB)
     code = cli(["--root", str(root), "--cell-timeout", "60", "--memory-mb", "2048",
@@ -152,6 +171,23 @@ def test_every_attack_was_graded(hostile):
     assert code == 0
     for student in ("db_writer", "snoop", "daemon", "hog", "bomb", "big_file"):
         assert course.autograded_notebook(LAB, student).exists(), student
+
+
+def test_the_judge_is_nobody_without_capabilities_or_network_in_its_own_namespaces(hostile):
+    """The judge is forked, torch imported, by the grader's zygote into the sandbox
+    (`grader.zygote`): its parent is outside the sandbox's PID namespace. It is what
+    bubblewrap makes of its own processes: nobody, no capability, no new privileges, no
+    network, a read-only root, only the sandbox's processes in sight."""
+    course, _ = hostile
+    line = next(l for l in q1_output(course, "who").splitlines() if l.startswith("WHO "))
+    who = json.loads(line[4:])
+    assert who["ppid"] == 0, who  # forked in from outside the sandbox
+    assert who["uid"] == 65534 and who["NoNewPrivs"] == "1", who
+    assert {who[k] for k in ("CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb")} == {
+        "0000000000000000"}, who
+    assert who["net"] == "none" and who["root"] == "read-only", who
+    assert who["pids"] < 40, who  # the judge, its engines and controller: not the machine's
+    assert total(course, "who") == FULL
 
 
 def test_a_submission_cannot_touch_the_gradebook(hostile):
