@@ -15,7 +15,8 @@ sandbox, the default number at once, `--rounds` times (each lab's median is take
 projects a class of 30 students x every lab: 30 times the sum of those seconds per submission,
 plus what is paid once: the all-reduce tuner's calibration on a new machine
 (`grader.tuner_cache`; this benchmark starts from an empty cache and times it first), the
-grader's own preparation per grading run, and each lab's judged edition of lib_dist
+grader's own preparation per grading run (the tuner's check and the start of the zygote the
+judges are forked from, `grader.joining`: this benchmark starts one and keeps it), and each lab's judged edition of lib_dist
 (`grader.edition`, built once per lab and kept: timed apart, before its lab is graded).
 The capstone (lab11), with 8 engines and whole training runs, grades longer than any other
 lab: the projection says its share.
@@ -43,6 +44,7 @@ from grader import synthetic
 from grader.course import REPO, Course
 from grader.edition import judged_edition
 from grader.grading import Outcome, autograde, find_submissions, release
+from grader.joining import zygote
 from grader.pool import default_jobs
 from grader.sandbox import Limits
 from grader.tuner_cache import prepare
@@ -165,6 +167,11 @@ def main() -> None:
     start = time.monotonic()
     prepare([REPO / "solutions" / LAB / f"{LAB}.ipynb"])  # what each grading run pays
     per_run = time.monotonic() - start
+    start = time.monotonic()
+    forker = zygote()  # what each grading run starts once (`grader.joining`); kept from here on
+    if forker is None or not forker.ready(120):
+        raise SystemExit("the grader's zygote did not start")
+    per_run += time.monotonic() - start
 
     jobs = args.jobs or default_jobs(Limits())
     runs = {name: in_scratch(LAB, args.students, **options)
@@ -209,7 +216,7 @@ def main() -> None:
                       f"median; round {turn + 1} of {args.rounds})", flush=True)
     once = calibration + len(labs()) * per_run + sum(editions.values())
     print(f"once: tuner calibration {calibration:.1f} s (new machine), {per_run:.1f} s per "
-          f"grading run to check it, {sum(editions.values()):.1f} s for the {len(editions)} "
+          f"grading run to check it and start its zygote, {sum(editions.values()):.1f} s for the {len(editions)} "
           f"labs' judged editions")
     projected = {}
     for way in ways:

@@ -80,6 +80,8 @@ def autograde(course: Course, submissions: list[Submission], progress: bool = Tr
         raise GradingError(f"cannot isolate submissions: {problem}")
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1 (submissions graded at once), not {jobs}")
+    if course.sandbox and course.judged:
+        zygote()  # its imports overlap what follows; grading workers forked later share it
     compile_library()
     # the tuner's calibration: measured once here, outside the sandbox, not in every submission
     prepare_tuner_cache([course.source_notebook(lab) for lab in {s.lab for s in submissions}])

@@ -27,7 +27,7 @@ from lib_dist.cluster.forked_engines import REGISTRATION_IMPORTS
 from lib_dist.patience import stretched
 
 from . import zygote as zygote_file
-from .sandbox import with_engines_started
+from .sandbox import sandbox_env, with_engines_started
 
 if TYPE_CHECKING:
     from .sandbox import SandboxedKernelManager
@@ -39,44 +39,71 @@ SANDBOX_SECONDS = 30  # bubblewrap's start, and the zygote's answer (its first: 
 # the one they were imported in, which must be the sandbox's (the judge imports them there).
 IMPORTS = ("torch", "torch._dynamo", "torch.distributed", "ipyparallel", *REGISTRATION_IMPORTS)
 # the placeholder in the sandbox: says the sandbox is built (bubblewrap runs it last), then
-# exits as the judge did (a signal: by the same signal)
+# exits as the judge did (a signal: by the same signal), once the zygote's child that waited
+# for the judge has exited too (no process of the submission's outlives its sandbox)
 PLACEHOLDER = ("import os, sys\n"
                "os.write(int(sys.argv[1]), b'ready\\n')\n"
-               "said = os.read(int(sys.argv[2]), 64).strip()\n"
+               "said = chunk = os.read(int(sys.argv[2]), 64)\n"
+               "while chunk:  # to the end: the zygote's child, the pipe's writer, has exited\n"
+               "    chunk = os.read(int(sys.argv[2]), 64)\n"
+               "    said += chunk\n"
+               "said = said.strip()\n"
                "code = int(said) if said else 1\n"
                "if code < 0:\n"
                "    os.kill(os.getpid(), -code)\n"
                "sys.exit(code)\n")
-_ZYGOTES: dict[int, Zygote] = {}  # by the pid of the process that started it (a forked
-# grading worker starts its own)
+_STARTED: list[Zygote] = []  # this process's zygote, or the one the grader started before it
+# forked this process (a grading worker): forked workers share it
 
 
 class Zygote:
-    """A `grader/zygote.py` process serving this process, over a socket only it holds."""
+    """A `grader/zygote.py` process serving this process and the workers it forks, over a
+    socket only they hold. Its environment is a sandbox's (`sandbox_env`): a forked judge's
+    /proc/self/environ shows the one its zygote started with."""
 
     def __init__(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.process = subprocess.Popen(
             [sys.executable, zygote_file.__file__, str(theirs.fileno()), standby.__file__,
              *IMPORTS], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=sandbox_env(dict(os.environ)))
         theirs.close()
-        self.socket, self.usable = mine, True
+        self.socket, self.usable, self.owner = mine, True, os.getpid()
+
+    def alive(self) -> bool:
+        if self.owner == os.getpid():
+            return self.process.poll() is None
+        try:  # a worker's: its parent's child, which only the parent may wait for
+            os.kill(self.process.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def ready(self, seconds: float) -> bool:
+        """Wait until it has imported what it forks judges with (a benchmark times its start
+        apart: a grading run pays it once, whatever the number of submissions)."""
+        self.socket.settimeout(seconds)
+        try:
+            return self.socket.recv(16) == b"ready"
+        except OSError:
+            return False
+        finally:
+            self.socket.settimeout(None)
 
     def fork_judge(self, request: dict[str, Any], fds: list[int]) -> None:
-        socket.send_fds(self.socket, [json.dumps(request).encode()], fds)
+        socket.send_fds(self.socket, [json.dumps(request).encode()], fds)  # one message: workers
+        # share the socket
 
 
 def zygote() -> Zygote | None:
-    """This process's zygote, started on first use; None once one could not join a sandbox.
-    Start it before the grader notes which processes a submission may leave (`sweep`)."""
+    """This process's zygote (or its parent's), started on first use; None once one could not
+    join a sandbox. Start it before the grader notes which processes a submission may leave
+    (`sweep`), and before grading workers are forked (they then share it)."""
     if sys.platform != "linux":
         return None
-    found = _ZYGOTES.get(os.getpid())
-    if found is None or found.process.poll() is not None:
-        found = _ZYGOTES[os.getpid()] = Zygote()
-    return found if found.usable else None
+    if not _STARTED or not _STARTED[0].alive():
+        _STARTED[:] = [Zygote()]
+    return _STARTED[0] if _STARTED[0].usable else None
 
 
 class Joined:

@@ -115,7 +115,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             shutil.rmtree(work)
         shutil.copytree(cwd, work)
         return (self._wrap(with_engines_started(command, lab), cwd, work),
-                _sandbox_env(env, _tuner_cache()))
+                sandbox_env(env, _tuner_cache()))
 
     def release(self) -> None:
         """Remove the sandbox's cgroups and private folder (a kernel's are removed with it)."""
@@ -187,7 +187,7 @@ def _other_labs_of_this_student(cwd: Path) -> list[Path]:
     return sorted(p for p in cwd.parent.iterdir() if p.is_dir() and p != cwd)
 
 
-def _sandbox_env(env: dict[str, str], tuner_cache: Path | None = None) -> dict[str, str]:
+def sandbox_env(env: dict[str, str], tuner_cache: Path | None = None) -> dict[str, str]:
     """The kernel's environment, minus the instructor's secrets, with a home of its own,
     the tuner's cache where there is one (else its calibrations go to that home), and one
     torch thread per process unless the instructor sets OMP_NUM_THREADS: the kernel and its

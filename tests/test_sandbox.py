@@ -102,7 +102,9 @@ try:
     root = "writable"
 except OSError:
     root = "read-only"
+started = dict(v.split("=", 1) for v in open("/proc/self/environ").read().split(chr(0)) if "=" in v)
 print("WHO", json.dumps({"uid": os.getuid(), "ppid": os.getppid(), "net": net, "root": root,
+                         "home_at_start": started.get("HOME"),
                          "pids": len([p for p in os.listdir("/proc") if p.isdigit()]),
                          **{k: status[k].strip() for k in ("CapEff", "CapPrm", "CapBnd",
                                                            "CapInh", "CapAmb", "NoNewPrivs")}}))
@@ -187,6 +189,9 @@ def test_the_judge_is_nobody_without_capabilities_or_network_in_its_own_namespac
         "0000000000000000"}, who
     assert who["net"] == "none" and who["root"] == "read-only", who
     assert who["pids"] < 40, who  # the judge, its engines and controller: not the machine's
+    # the environment the judge's process started with (its zygote's) is a sandbox's, not the
+    # grader's
+    assert who["home_at_start"] == "/tmp/home", who
     assert total(course, "who") == FULL
 
 
