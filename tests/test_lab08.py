@@ -87,8 +87,8 @@ def test_the_typical_bug_picks_top_k_by_value_and_costs_q5_only():
                                              r"the indices \[.*\] are not the 4 largest "
                                              r"magnitudes"):
         ns["check_feedback"](0.1)
-    with pytest.raises(AssertionError, match=r"TopK\(0.05\) gradients, 80 steps: with error "
-                                             r"feedback the loss went from 1.4108 to 0.23"):
+    with pytest.raises(AssertionError, match=r"TopK\(0.05\) gradients, 40 steps: with error "
+                                             r"feedback the loss went from 1.4108 to 0.25"):
         ns["check_training"]()  # the largest values alone drive the weights one way
     ns["check_sync"](1, 3)
     ns["check_async"](1, **UNEVEN)
@@ -199,9 +199,9 @@ def test_a_top_k_that_never_keeps_its_residual_fails_the_feedback():
                                              r"with error feedback, compress keeps what it did "
                                              r"not send in self.residual, which is still None"):
         ns["check_feedback"](0.1)
-    with pytest.raises(AssertionError, match=r"TopK\(0.05\) gradients, 80 steps: with error "
-                                             r"feedback the loss went from 1.4108 to 0.1064; the "
-                                             r"dense gradient reaches 0.0481"):
+    with pytest.raises(AssertionError, match=r"TopK\(0.05\) gradients, 40 steps: with error "
+                                             r"feedback the loss went from 1.4108 to 0.2138; the "
+                                             r"dense gradient reaches 0.0763"):
         ns["check_training"]()  # what was not sent is lost: the run without error feedback's
 
 
