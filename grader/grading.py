@@ -17,7 +17,7 @@ from .edition import student_edition
 from .lectures import lecture_edition
 from .errors import GradingError
 from .pool import grade_at_once
-from .joining import zygote
+from .joining import zygote, zygote_for_this_run
 from .processes import become_subreaper, descendants, sweep
 from .sandbox import unavailable
 from .submission import Outcome, Submission
@@ -80,8 +80,12 @@ def autograde(course: Course, submissions: list[Submission], progress: bool = Tr
         raise GradingError(f"cannot isolate submissions: {problem}")
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1 (submissions graded at once), not {jobs}")
-    if course.sandbox and course.judged:
-        zygote()  # its imports overlap what follows; grading workers forked later share it
+    with zygote_for_this_run(course.sandbox and course.judged):
+        return _autograde(course, submissions, progress, jobs)
+
+
+def _autograde(course: Course, submissions: list[Submission], progress: bool,
+               jobs: int) -> list[Outcome]:
     compile_library()
     # the tuner's calibration: measured once here, outside the sandbox, not in every submission
     prepare_tuner_cache([course.source_notebook(lab) for lab in {s.lab for s in submissions}])

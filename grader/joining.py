@@ -19,6 +19,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -90,9 +92,32 @@ class Zygote:
         finally:
             self.socket.settimeout(None)
 
+    def stop(self) -> None:
+        """End it: it exits when the socket closes (the judges it forked have ended by then)."""
+        self.socket.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
     def fork_judge(self, request: dict[str, Any], fds: list[int]) -> None:
         socket.send_fds(self.socket, [json.dumps(request).encode()], fds)  # one message: workers
         # share the socket
+
+
+@contextmanager
+def zygote_for_this_run(wanted: bool) -> Iterator[None]:
+    """A zygote for a grading run: started now where `wanted` and none is running, ended
+    with the run if it was started here (one started before, as a benchmark does, stays)."""
+    started_here = wanted and sys.platform == "linux" and not (_STARTED and _STARTED[0].alive())
+    if wanted:
+        zygote()  # its imports overlap the run's preparation; workers forked later share it
+    try:
+        yield
+    finally:
+        if started_here and _STARTED and _STARTED[0].owner == os.getpid():
+            _STARTED.pop().stop()
 
 
 def zygote() -> Zygote | None:
@@ -166,7 +191,8 @@ def start_joined(sandbox: SandboxedKernelManager, command: list[str], cwd: Path,
         if _read_line(ready_r, stretched(SANDBOX_SECONDS)) != "ready":  # its mounts all made
             raise OSError("the sandbox did not start")
         request = {"target": target, "cgroups": sandbox.cgroups, "cwd": str(cwd),
-                   "env": env | {"JPY_PARENT_PID": "1"}, "command": with_engines_started(command, lab),
+                   "env": env | {"JPY_PARENT_PID": "1"},
+                   "command": with_engines_started(command, lab),
                    "channel": channel, "limits": vars(sandbox.limits)}
         forker.fork_judge(request, [job_r, log.fileno() if log else null, channel, status_w,
                                     reply_w])
