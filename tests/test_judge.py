@@ -298,3 +298,74 @@ def test_a_failing_comparison_raises_its_own_error(tmp_path):
                  """), True)]
     found = judged(tmp_path, "def log_softmax(logits, dim=-1):\n    return logits\n", cells)
     assert outcome(found, cells) == {"assert_close": True}, said(found, cells, "assert_close")
+
+
+GUARD_SILENCED = code("""
+    import torch
+
+    _real_allclose = torch.allclose
+
+
+    class _Quiet:
+        # stands in for the guard's snapshot: finds nothing, and at the guard's own check
+        # after the test, puts torch back as it was
+        def __init__(self, real):
+            self.real, self.asked = real, 0
+
+        def changes(self):
+            self.asked += 1
+            if self.asked >= 2:
+                torch.allclose = _real_allclose
+            return []
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+
+    def _before_each_test(when):
+        # in place of the guard's check before a test: the test runs nothing, and the
+        # guard's module is put back as soon as the swapped function is called
+        import lib_dist.integrity.guard as guard_module
+
+        if when.startswith("before"):
+            real = guard_module._exec_cell
+
+            def run_nothing(source, filename, namespace):
+                guard_module._exec_cell = real
+
+            guard_module._exec_cell = run_nothing
+
+
+    def log_softmax(logits, dim=-1):
+        from lib_dist.integrity import current
+
+        guard = current.guard()
+        if dim == "quiet":
+            guard.snapshot = _Quiet(guard.snapshot)
+            torch.allclose = lambda *args, **kwargs: True
+        else:
+            guard.raise_if_changed = _before_each_test
+        return torch.zeros(3)
+    """)
+
+
+def test_code_that_swaps_the_guards_parts_and_puts_them_back_passes_nothing(tmp_path):
+    """The guard is an object in the answers' process: an answer can replace its state and
+    methods, and what they call. The judge runs each test's code itself, and seals the moment
+    it ends: a comparison swapped while the test ran, and put back by the guard's replaced
+    check after it, is seen; the guard's cell runner swapped before a test, to run nothing
+    and put itself back, is never called."""
+    compare = "zeros = log_softmax(torch.ones(3), dim={dim!r})\n" \
+              "assert torch.allclose(zeros, torch.ones(3))\n"
+    cells = [Cell("setup", "import torch\n", False),
+             Cell("honest", "assert torch.equal(torch.ones(2), torch.ones(2))\n", True),
+             Cell("quiet", compare.format(dim="quiet"), True),
+             Cell("swapper", compare.format(dim="swap"), True),
+             Cell("after-swap", "assert False, 'fails whatever the answers are'\n", True)]
+    found = judged(tmp_path, GUARD_SILENCED, cells)
+    assert outcome(found, cells) == {"quiet": False, "swapper": False, "after-swap": False,
+                                     "honest": True}, found.results
+    changed = {cell.name: found.results[i].changed for i, cell in enumerate(cells)}
+    assert "torch.allclose" in changed["quiet"], found.results
+    assert "lib_dist.integrity.guard._exec_cell" in changed["after-swap"], found.results
+    assert "fails whatever the answers are" in said(found, cells, "after-swap")  # it ran

@@ -31,6 +31,8 @@ import ast
 import builtins
 import linecache
 import sys
+import types
+from collections.abc import Set
 from typing import Any
 
 from ..extend import LABS
@@ -68,25 +70,34 @@ class Guard:
     # -- running locked cells ------------------------------------------------------------
     def run(self, source: str, cell: str, graded: bool = True) -> None:
         """Run a locked cell's `source` in the locked namespace (see the module docstring). A
-        cell that is not `graded` (setup, helpers) runs whatever changed."""
+        cell that is not `graded` (setup, helpers) runs whatever changed. The judge runs the
+        code itself between `begin` and `after`, and checks in between with its own seal."""
+        bound = bound_names(source)
+        self.begin(cell, bound, graded)
+        try:
+            _exec_cell(source, f"<{cell}>", self.ns)
+        finally:
+            self.after(bound)
+        if graded:
+            self.raise_if_changed(f"while {cell} ran")
+
+    def begin(self, cell: str, bound: Set[str], graded: bool) -> None:
+        """Before a locked cell that binds `bound` runs: the answers copied in, wrapped."""
         self.cell = cell
         self.findings.setdefault(cell, [])
         if graded:
             self.raise_if_changed(f"before {cell} ran")
         self.ns.update({name: self._answer(name) for name in self.lab.asks
                         if name in self.user_ns})
-        bound = bound_names(source)
-        self._before, self._allowed = dict(self.ns), bound | set(self.lab.asks)
-        try:
-            _exec_cell(source, f"<{cell}>", self.ns)
-        finally:
-            for name in bound & self.ns.keys():
-                self.user_ns[name] = self.ns[name]
-            self._note(namespace_changes(self._before, self.ns, self._allowed))
+        self._before, self._allowed = dict(self.ns), set(bound) | set(self.lab.asks)
+
+    def after(self, bound: Set[str]) -> None:
+        """After the cell ran, however it ended: what it defined is the notebook's too."""
+        for name in bound & self.ns.keys():
+            self.user_ns[name] = self.ns[name]
+        self._note(namespace_changes(self._before, self.ns, self._allowed))
         self._before = dict(self.ns)
         know_classes(self._before.values())
-        if graded:
-            self.raise_if_changed(f"while {cell} ran")
 
     # -- checks ----------------------------------------------------------------------------
     def changes(self) -> list[str]:
@@ -155,18 +166,29 @@ def bound_names(source: str) -> set[str]:
 
 def _exec_cell(source: str, filename: str, namespace: dict[str, Any]) -> None:
     """Run a cell as IPython would: statements, then the value of a final expression shown."""
+    body, last = compiled(source, filename)
+    exec(body, namespace)  # noqa: S102
+    if last is not None:
+        shown(eval(last, namespace))  # noqa: S307
+
+
+def compiled(source: str, filename: str) -> tuple[types.CodeType, types.CodeType | None]:
+    """A cell's statements, and its final expression apart (IPython shows its value)."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     tree = ast.parse(source)
     last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     if last is not None:
         tree.body.pop()
-    exec(compile(tree, filename, "exec"), namespace)  # noqa: S102
-    if last is not None:
-        value = eval(compile(ast.Expression(last.value), filename, "eval"), namespace)  # noqa: S307
-        if value is not None:
-            from IPython.display import display
+    return (compile(tree, filename, "exec"),
+            None if last is None else compile(ast.Expression(last.value), filename, "eval"))
 
-            display(value)
+
+def shown(value: Any) -> None:
+    """Display a cell's final value, as IPython would (None shows nothing)."""
+    if value is not None:
+        from IPython.display import display
+
+        display(value)
 
 
 def _listed(changed: list[str], most: int = 5) -> str:
@@ -175,4 +197,4 @@ def _listed(changed: list[str], most: int = 5) -> str:
     return shown + (f" and {len(changed) - most} more" if len(changed) > most else "")
 
 
-__all__ = ["Guard", "Tampering", "bound_names"]
+__all__ = ["Guard", "Tampering", "bound_names", "compiled", "shown"]

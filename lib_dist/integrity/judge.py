@@ -8,12 +8,17 @@ release's order, a key and the number of the pipe to report on. The student's no
 run here: of the student's code, only the definitions of the names the lab asks for (and what
 they use) are loaded (`lib_dist.definitions`), after the guard has taken its snapshot.
 
-Each locked cell runs under the guard (`guard.Guard.run`); then the judge writes to the pipe
-what the cell printed and, for a graded cell, its verdict, signed with the key (HMAC-SHA256
-over the job's nonce, the cell and the verdict). A test passes when the signed verdict says so:
-no exception left the cell, the guard saw no change, and the seal (`seal`) saw none either.
-The key lives only in this module's frames and closures, out of the student's reach
-(`lockdown`), and the verdict is computed with functions captured before any student code ran.
+Each locked cell runs in the guard's locked namespace (`guard.Guard`, which copies the answers
+in); the judge runs the cell's code itself, compiled before any student code ran, and checks
+with its seals (`seal`) the moment the code ends, before anything a submission could have
+rebound or replaced runs again (the guard's methods and state, an exception's `__str__`):
+a change swapped in while a test ran and put back by such code afterwards is still seen.
+Then the judge writes to the pipe what the cell printed and, for a graded cell, its verdict,
+signed with the key (HMAC-SHA256 over the job's nonce, the cell and the verdict). A test
+passes when the signed verdict says so: no exception left the cell, the guard saw no change,
+and the seals saw none either. The key lives only in this module's frames and closures, out
+of the student's reach (`lockdown`), and the verdict is computed with functions captured
+before any student code ran.
 """
 
 from __future__ import annotations
@@ -72,10 +77,13 @@ def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
     lab, cells, start = job["lab"], job["cells"], int(job.get("start", 0))
     answers: dict[str, Any] = {}
     judge = guard_module.Guard(lab, answers)
-    # what the loop below calls, captured before any student code runs
-    run, described = guard_module.Guard.run, _describer({f"<{c['name']}>": c["source"]
-                                                         for c in cells})
-    string_io = io.StringIO
+    # what the loop below calls and runs, captured and compiled before any student code runs:
+    # the loop looks up nothing a submission could rebind, or swap for a moment and put back
+    begin, after, ns = guard_module.Guard.begin, guard_module.Guard.after, judge.ns
+    prepared = _prepared(cells, guard_module.compiled, guard_module.bound_names,
+                         frozenset(LABS[lab].asks))
+    described = _describer({f"<{c['name']}>": c["source"] for c in cells})
+    string_io, exec_, eval_, dict_, type_, tuple_ = io.StringIO, exec, eval, dict, type, tuple
     _make_undumpable()
     readers = frameless()  # before the seals: formatting a traceback hands out no frame
     lockdown.lock_down({__file__, guard_module.__file__, *(f"<{cell['name']}>" for cell in cells)},
@@ -85,34 +93,66 @@ def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
     reached = [(name, vars(module)) for name, module in list(sys.modules.items())
                if module is not None and name.split(".")[0] in REACHED]
     loosely = seal.seal_callables(reached, snapshot.LAZY_REBINDINGS)
-
-    def changed() -> list[str]:
-        return strictly() + loosely()
+    rebound = seal.rebinding_check()
 
     problems = _load_answers(answers, job["answers"], LABS[lab].asks, definitions_in, oracles)
     earlier = _use_earlier(job.get("earlier") or {}, problems, definitions_in, oracles)
     report("A", json.dumps({"loaded": sorted(answers), "problems": problems,
                             "earlier": earlier}))
+    expected = dict_(ns)  # the locked namespace as the judge last found it
     for index, cell in enumerate(cells):
         graded = bool(cell["graded"])
         if index < start and graded:
             continue
         report("B", str(index))
-        out, error = string_io(), None
+        out, caught, value, step = string_io(), None, None, prepared[index]
+        bound: frozenset[str] = frozenset()
+        allowed: frozenset[str] = frozenset()
         saved = sys.stdout, sys.stderr
         sys.stdout = sys.stderr = out  # not contextlib's redirect: its __exit__ can be rebound
         try:
-            run(judge, cell["source"], cell["name"], graded)
+            if type_(step) is not tuple_:
+                raise step  # the cell does not compile
+            body, last, bound, allowed = step
+            begin(judge, cell["name"], bound, graded)
+            exec_(body, ns)
+            value = None if last is None else eval_(last, ns)
         except BaseException as e:  # noqa: BLE001 - a test's failure, whatever it raised
-            error = described(e)
+            caught = e
+        # checked at once, before any code a submission can reach runs again (the guard's
+        # methods, an exception's __str__, IPython's display)
+        seen = (strictly() + loosely() + rebound(expected, ns, allowed)) if graded else []
+        expected = dict_(ns)
+        try:
+            after(judge, bound)
+            if graded:
+                judge.raise_if_changed(f"while {cell['name']} ran")  # says what changed
+            guard_module.shown(value)
+        except BaseException as e:  # noqa: BLE001
+            caught = e if caught is None else caught
         finally:
             sys.stdout, sys.stderr = saved
-        seen = changed() if graded else []
+        error = None if caught is None else described(caught)
         report("O", json.dumps({"index": index, "text": out.getvalue()[-200_000:],
                                 "error": error, "changed": seen}))
         if graded:
             verdict(index, cell["name"], error is None and not seen)
     report("E", "")
+
+
+def _prepared(cells: list[dict[str, Any]], compiled: Any, bound_names: Any,
+              asks: frozenset[str]) -> list[Any]:
+    """Each cell's code (statements, final expression), the names it binds, and those it may
+    rebind (its own and the answers); or the SyntaxError it raises."""
+    prepared: list[Any] = []
+    for cell in cells:
+        try:
+            body, last = compiled(cell["source"], f"<{cell['name']}>")
+            bound = frozenset(bound_names(cell["source"]))
+            prepared.append((body, last, bound, bound | asks))
+        except SyntaxError as e:
+            prepared.append(e)
+    return prepared
 
 
 def _load_answers(into: dict[str, Any], cells: list[str], asks: tuple[str, ...],

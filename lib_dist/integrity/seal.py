@@ -58,6 +58,26 @@ def seal(namespaces: Iterable[tuple[str, Mapping[str, Any]]], ignored: Iterable[
 _MISSING = object()
 
 
+def rebinding_check() -> Callable[[dict[str, Any], dict[str, Any], frozenset[str]], list[str]]:
+    """A function listing the names of `namespace` (the locked cells') rebound or removed
+    since `before` (the judge's copy of it), except those `allowed` (what the cell binds and
+    the answers). A name that is not a plain `str` is a change in itself: looking it up would
+    run its class's `__eq__`."""
+    is_, dict_, type_, str_ = operator.is_, builtins.dict, builtins.type, builtins.str
+
+    def rebound(before: dict[str, Any], namespace: dict[str, Any],
+                allowed: frozenset[str]) -> list[str]:
+        now = dict_(namespace)
+        odd = [f"a name of type {type_(name).__name__}" for name in now
+               if not is_(type_(name), str_)]
+        if odd:
+            return odd
+        return [name for name, value in before.items()
+                if name not in allowed and not is_(now.get(name, _MISSING), value)]
+
+    return rebound
+
+
 def seal_callables(namespaces: Iterable[tuple[str, Mapping[str, Any]]],
                    lazy: Iterable[str] = ()) -> Callable[[], list[str]]:
     """A looser seal, for the many modules the tests reach through torch's and Python's own
@@ -90,4 +110,4 @@ def seal_callables(namespaces: Iterable[tuple[str, Mapping[str, Any]]],
     return changes
 
 
-__all__ = ["seal", "seal_callables"]
+__all__ = ["rebinding_check", "seal", "seal_callables"]
