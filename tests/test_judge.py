@@ -369,3 +369,32 @@ def test_code_that_swaps_the_guards_parts_and_puts_them_back_passes_nothing(tmp_
     assert "torch.allclose" in changed["quiet"], found.results
     assert "lib_dist.integrity.guard._exec_cell" in changed["after-swap"], found.results
     assert "fails whatever the answers are" in said(found, cells, "after-swap")  # it ran
+
+
+BUILTINS_SWAPPED = code("""
+    import builtins
+
+
+    def _swap_the_tests_builtins():
+        # while the answers load: the namespace the tests run in gets builtins of its own
+        from lib_dist.integrity import current
+
+        rigged = dict(vars(builtins), all=lambda *args: True)
+        current.guard().ns["__builtins__"] = rigged
+        return True
+
+
+    _SWAPPED = _swap_the_tests_builtins()
+
+
+    def log_softmax(logits, dim=-1):
+        return _SWAPPED
+    """)
+
+
+def test_the_tests_namespace_swapped_while_the_answers_load_is_seen(tmp_path):
+    cells = [Cell("setup", "import torch\n", False),
+             Cell("uses-all", "assert all([False]), 'all of nothing true'\n", True)]
+    found = judged(tmp_path, BUILTINS_SWAPPED, cells)
+    assert outcome(found, cells) == {"uses-all": False}, found.results
+    assert "__builtins__" in found.results[1].changed, found.results

@@ -80,10 +80,11 @@ def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
     # what the loop below calls and runs, captured and compiled before any student code runs:
     # the loop looks up nothing a submission could rebind, or swap for a moment and put back
     begin, after, ns = guard_module.Guard.begin, guard_module.Guard.after, judge.ns
+    expected = dict(ns)  # the locked namespace as only the locked cells change it
     prepared = _prepared(cells, guard_module.compiled, guard_module.bound_names,
                          frozenset(LABS[lab].asks))
     described = _describer({f"<{c['name']}>": c["source"] for c in cells})
-    string_io, exec_, eval_, dict_, type_, tuple_ = io.StringIO, exec, eval, dict, type, tuple
+    string_io, exec_, eval_, type_, tuple_ = io.StringIO, exec, eval, type, tuple
     _make_undumpable()
     readers = frameless()  # before the seals: formatting a traceback hands out no frame
     lockdown.lock_down({__file__, guard_module.__file__, *(f"<{cell['name']}>" for cell in cells)},
@@ -99,7 +100,6 @@ def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
     earlier = _use_earlier(job.get("earlier") or {}, problems, definitions_in, oracles)
     report("A", json.dumps({"loaded": sorted(answers), "problems": problems,
                             "earlier": earlier}))
-    expected = dict_(ns)  # the locked namespace as the judge last found it
     for index, cell in enumerate(cells):
         graded = bool(cell["graded"])
         if index < start and graded:
@@ -122,7 +122,7 @@ def _judge(job: dict[str, Any], report: Any, verdict: Any) -> None:
         # checked at once, before any code a submission can reach runs again (the guard's
         # methods, an exception's __str__, IPython's display)
         seen = (strictly() + loosely() + rebound(expected, ns, allowed)) if graded else []
-        expected = dict_(ns)
+        expected.update({name: ns[name] for name in bound if name in ns})
         try:
             after(judge, bound)
             if graded:
