@@ -190,28 +190,34 @@ def rewritten(helpers: list[str]) -> str:
         """)
 
 
+# In place of the guard's check before each test, one that makes the guard's cell runner run
+# nothing, once, and put itself back; `_swap_the_guard()` returns True (the judge runs the
+# tests' code itself, so this scores nothing)
+GUARD_SWAPPER = code("""
+    def _swap_the_guard():
+        from lib_dist.integrity import current
+        import lib_dist.integrity.guard as guard_module
+
+        def before_each_test(when):
+            if when.startswith("before"):
+                real = guard_module._exec_cell
+
+                def run_nothing(source, filename, namespace):
+                    guard_module._exec_cell = real
+
+                guard_module._exec_cell = run_nothing
+
+        current.guard().raise_if_changed = before_each_test
+        return True
+    """)
+
+
 def rewritten_by_an_answer(ask: str) -> str:
     """Row 2, from inside an answer's dependency: loading `ask` replaces the body of torch's
     assert_close, which the judge's own tests call (so this runs where the answers are loaded,
     in the judge; the lab's helpers there are the judge's, out of the answers' reach). Before
-    that, it swaps the guard's check before each test for one that makes the guard's cell
-    runner run nothing, once, and put itself back (the judge runs the tests' code itself)."""
-    return code(f"""
-        def _swap_the_guard():
-            from lib_dist.integrity import current
-            import lib_dist.integrity.guard as guard_module
-
-            def before_each_test(when):
-                if when.startswith("before"):
-                    real = guard_module._exec_cell
-
-                    def run_nothing(source, filename, namespace):
-                        guard_module._exec_cell = real
-
-                    guard_module._exec_cell = run_nothing
-
-            current.guard().raise_if_changed = before_each_test
-            return True
+    that, it swaps the guard's parts (`GUARD_SWAPPER`)."""
+    return GUARD_SWAPPER + code(f"""
         _SWAPPED = _swap_the_guard()
 
         def _rewrite():

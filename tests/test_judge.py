@@ -23,7 +23,7 @@ import pytest
 
 from grader.edition import judged_edition
 from grader.judge import Cell, Judgement, judge
-from integrity_grading import code
+from integrity_grading import GUARD_SWAPPER, code
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -300,7 +300,7 @@ def test_a_failing_comparison_raises_its_own_error(tmp_path):
     assert outcome(found, cells) == {"assert_close": True}, said(found, cells, "assert_close")
 
 
-GUARD_SILENCED = code("""
+GUARD_SILENCED = GUARD_SWAPPER + code("""
     import torch
 
     _real_allclose = torch.allclose
@@ -322,20 +322,6 @@ GUARD_SILENCED = code("""
             return getattr(self.real, name)
 
 
-    def _before_each_test(when):
-        # in place of the guard's check before a test: the test runs nothing, and the
-        # guard's module is put back as soon as the swapped function is called
-        import lib_dist.integrity.guard as guard_module
-
-        if when.startswith("before"):
-            real = guard_module._exec_cell
-
-            def run_nothing(source, filename, namespace):
-                guard_module._exec_cell = real
-
-            guard_module._exec_cell = run_nothing
-
-
     def log_softmax(logits, dim=-1):
         from lib_dist.integrity import current
 
@@ -344,7 +330,7 @@ GUARD_SILENCED = code("""
             guard.snapshot = _Quiet(guard.snapshot)
             torch.allclose = lambda *args, **kwargs: True
         else:
-            guard.raise_if_changed = _before_each_test
+            _swap_the_guard()
         return torch.zeros(3)
     """)
 
