@@ -1,8 +1,9 @@
 """The graded kernel's guard: tests see the lab's own helpers and the student's answers, and
 nothing the student's code changed.
 
-The judge (`judge`) makes one guard before any student code runs in its process, then runs
-every locked cell (setup, helpers, tests) through `Guard.run`:
+The judge (`judge`) makes one guard before any student code runs in its process; for every
+locked cell (setup, helpers, tests) it calls `Guard.begin`, runs the cell's code itself, seals,
+then calls `Guard.after` (`Guard.run` does the three, for use outside the judge):
 
 - Locked cells run in a namespace of their own, not the notebook's. Their helpers' globals are
   that namespace, so a student cell that rebinds `close` or `torch`, at top level or from
