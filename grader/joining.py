@@ -110,9 +110,10 @@ class Zygote:
 def zygote_for_this_run(wanted: bool) -> Iterator[None]:
     """A zygote for a grading run: started now where `wanted` and none is running, ended
     with the run if it was started here (one started before, as a benchmark does, stays)."""
-    started_here = wanted and sys.platform == "linux" and not (_STARTED and _STARTED[0].alive())
+    before = _STARTED[0] if _STARTED else None
     if wanted:
         zygote()  # its imports overlap the run's preparation; workers forked later share it
+    started_here = bool(_STARTED) and _STARTED[0] is not before
     try:
         yield
     finally:

@@ -147,8 +147,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         if (cache := _tuner_cache()) is not None:
             bwrap += ["--ro-bind", str(cache), str(cache)]
         bwrap += [*(bwrap_options or []), "--chdir", str(cwd), "--unshare-pid", "--unshare-net",
-                  "--unshare-ipc", "--unshare-uts", "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
-                  "--die-with-parent", "--new-session",
+                  "--unshare-ipc", "--unshare-uts", "--unshare-user",
+                  "--uid", str(NOBODY), "--gid", str(NOBODY), "--die-with-parent", "--new-session",
                   "--setenv", "JPY_PARENT_PID", "1"]  # bwrap's init: the parent in here
         return jail + ["--", *bwrap, "--", *kernel_cmd]
 
